@@ -1,0 +1,508 @@
+"""PPO with local data attribution and Iterative Influence-based Filtering (IIF), in one file.
+
+An annotated companion to "A Snapshot of Influence: A Local Data Attribution Framework for Online
+Reinforcement Learning" (Hu, Wu et al., NeurIPS 2025). Each round k collects a rollout buffer B(k)
+with the policy at theta(k), scores every record by its influence on a target function, drops the
+most harmful records and runs the ordinary PPO update on the rest (Alg. 1).
+
+    python iif.py --env-id Acrobot-v1 --filter-p 0.5
+"""
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")  # highway-env imports pygame
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.distributions import Categorical, Normal
+from torch.func import functional_call, jvp
+
+
+@dataclass
+class Args:
+    env_id: str = "Acrobot-v1"
+    """gymnasium id: a paper preset (FrozenLake-v1, MiniGrid-Empty-8x8-v0, Acrobot-v1, highway-v0,
+    highway-fast-v0, LunarLander-v3, BipedalWalker-v3) or any env with Box/Discrete spaces"""
+    seed: int = 1
+    """seed of torch, numpy, the environments and the filter"""
+    run_name: Optional[str] = None
+    """results go to <runs-dir>/<run-name>/ (default: env__method__seed__time)"""
+    runs_dir: str = "runs"
+    """parent folder of the run folders"""
+    save_rounds: bool = False
+    """also write <run>/rounds/round_KKKK.pt: theta(k) and the scored buffer B(k) of every round"""
+    threads: int = 1
+    """torch CPU threads (small networks run fastest and steadiest on one)"""
+
+    # None below: the value in PRESETS for a paper env, else the one in DEFAULTS
+    total_timesteps: Optional[int] = None
+    """environment steps of training, a multiple of num-steps x num-envs (None: the preset's)"""
+    optimizer: Optional[Literal["sgd", "adam"]] = None
+    """sgd or adam (None: the preset's; the paper uses SGD, TracIn's setting, except on BipedalWalker)"""
+    learning_rate: Optional[float] = None
+    """optimizer learning rate (None: the preset's)"""
+    filter_p: Optional[float] = None
+    """fraction p in (0, 1] of the negative-influence records to drop each round (None: the preset's)"""
+    eval_episodes: Optional[int] = None
+    """test episodes after every round (None: the preset's)"""
+
+    filter_method: Literal["influence", "random", "none"] = "influence"
+    """influence: IIF; random: drop as many records uniformly at random; none: standard PPO"""
+    target: Literal["f_return", "f_action"] = "f_return"
+    """target function the influence is measured on (Sec. 3.1)"""
+    target_state: Optional[str] = None
+    """f_action's state: comma-separated observation values (one index for a Discrete observation)"""
+    target_action: Optional[str] = None
+    """f_action's action: an index, or comma-separated values for a Box action"""
+    influence_mode: Literal["snapshot", "tracin"] = "snapshot"
+    """snapshot: score at theta(k) only (Sec. 5.1); tracin: also sum the score over every optimizer
+    step of the round (Sec. 3.1), saved in the --save-rounds files as influence_tracin"""
+
+    num_envs: int = 1
+    """parallel environments collecting the buffer"""
+    async_envs: bool = False
+    """step the environments in subprocesses (pays off only for slow envs such as highway)"""
+    eval_envs: int = 16
+    """parallel environments for the test episodes"""
+    num_steps: int = 2048
+    """steps per environment per round; the buffer holds num-steps x num-envs records"""
+    minibatch_size: int = 64
+    """records per optimizer step"""
+    update_epochs: int = 10
+    """passes over the (kept) buffer per round"""
+    gamma: float = 0.99
+    """discount factor"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    clip_coef: float = 0.2
+    """PPO clipping epsilon"""
+    ent_coef: float = 0.0
+    """entropy bonus coefficient"""
+    vf_coef: float = 0.5
+    """value loss coefficient"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip (0 disables it)"""
+    norm_adv: bool = True
+    """normalise advantages (once per round, over the whole buffer)"""
+
+
+# App. B.1-B.2: the paper's budget, optimizer, filter p and test episodes for each environment
+PRESETS = {
+    "FrozenLake-v1": dict(total_timesteps=102_400, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
+                          eval_episodes=1000, env_kwargs=dict(map_name="4x4", is_slippery=False)),
+    "MiniGrid-Empty-8x8-v0": dict(total_timesteps=81_920, optimizer="sgd", learning_rate=5e-3,
+                                  filter_p=0.125, eval_episodes=1000),
+    "Acrobot-v1": dict(total_timesteps=102_400, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
+                       eval_episodes=1000),
+    "highway-v0": dict(total_timesteps=204_800, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
+                       eval_episodes=100, env_kwargs=dict(config=dict(vehicles_count=10))),
+    "LunarLander-v3": dict(total_timesteps=307_200, optimizer="sgd", learning_rate=5e-3, filter_p=0.125,
+                           eval_episodes=1000),
+    "BipedalWalker-v3": dict(total_timesteps=1_024_000, optimizer="adam", learning_rate=3e-4,
+                             filter_p=0.0625, eval_episodes=100),
+}
+PRESETS["highway-fast-v0"] = PRESETS["highway-v0"]  # the same task, simulated about twice as fast
+# any other env: SB3's PPO defaults, 50 rounds
+DEFAULTS = dict(total_timesteps=102_400, optimizer="adam", learning_rate=3e-4, filter_p=0.5, eval_episodes=100)
+
+
+def fail(msg):
+    raise SystemExit(f"iif.py: error: {msg}")
+
+
+def make_env(env_id, env_kwargs):
+    """A thunk building one env whose observation is a flat float vector or an (H, W, C) image."""
+
+    def thunk():
+        if env_id.startswith("MiniGrid"):
+            import minigrid  # noqa: F401  (registers the MiniGrid-* ids)
+        if env_id.startswith("highway"):
+            import highway_env  # noqa: F401  (registers the highway-* ids)
+        env = gym.make(env_id, **env_kwargs)
+        if env_id.startswith("MiniGrid"):
+            from minigrid.wrappers import ImgObsWrapper
+            env = ImgObsWrapper(env)  # the 7x7x3 egocentric view; the agent scales it by 1/255
+        space = env.observation_space
+        if isinstance(space, gym.spaces.Discrete):  # FrozenLake: state index -> one-hot vector
+            n = int(space.n)
+            env = gym.wrappers.TransformObservation(
+                env, lambda s: np.eye(n, dtype=np.float32)[s], gym.spaces.Box(0.0, 1.0, (n,), np.float32))
+        elif isinstance(space, gym.spaces.Box) and len(space.shape) == 2:  # highway's (vehicles, features)
+            env = gym.wrappers.FlattenObservation(env)
+        return env
+
+    return thunk
+
+
+def make_vec(args, n):
+    env_fns = [make_env(args.env_id, args.env_kwargs) for _ in range(n)]
+    vec = gym.vector.AsyncVectorEnv if args.async_envs else gym.vector.SyncVectorEnv
+    # SAME_STEP: a finished episode's last observation comes in info["final_obs"] (needed to bootstrap
+    # truncated episodes) and the returned observation is already the next episode's first
+    return vec(env_fns, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    torch.nn.init.orthogonal_(layer.weight, std)
+    torch.nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def mlp(n_in, n_out, out_std):
+    return nn.Sequential(layer_init(nn.Linear(n_in, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+                         layer_init(nn.Linear(64, n_out), std=out_std))
+
+
+class Agent(nn.Module):
+    """SB3's default actor-critic (App. B.2): separate 64-64 tanh MLPs for policy and value; an image
+    observation first goes through a CNN extractor shared by both (MiniGrid); a Box action is a
+    diagonal Gaussian with a state-independent log-std."""
+
+    def __init__(self, obs_space, act_space):
+        super().__init__()
+        self.image = len(obs_space.shape) == 3
+        if self.image:
+            h, w, c = obs_space.shape
+            self.extractor = nn.Sequential(
+                layer_init(nn.Conv2d(c, 16, 3)), nn.ReLU(), layer_init(nn.Conv2d(16, 32, 3)), nn.ReLU(),
+                nn.Flatten(), layer_init(nn.Linear(32 * (h - 4) * (w - 4), 64)), nn.ReLU())
+        n_in = 64 if self.image else int(np.prod(obs_space.shape))
+        self.continuous = isinstance(act_space, gym.spaces.Box)
+        n_act = act_space.shape[0] if self.continuous else int(act_space.n)
+        self.actor = mlp(n_in, n_act, out_std=0.01)
+        self.critic = mlp(n_in, 1, out_std=1.0)
+        if self.continuous:
+            self.log_std = nn.Parameter(torch.zeros(n_act))
+
+    def features(self, obs):
+        return self.extractor(obs.permute(0, 3, 1, 2) / 255.0) if self.image else obs
+
+    def dist(self, h):
+        if self.continuous:
+            mean = self.actor(h)
+            return Normal(mean, self.log_std.exp().expand_as(mean))
+        return Categorical(logits=self.actor(h))
+
+    def forward(self, obs, action):
+        """log pi(a|s), entropy and V(s) of a batch of records."""
+        h = self.features(obs)
+        d = self.dist(h)
+        logp, ent = d.log_prob(action), d.entropy()
+        if self.continuous:
+            logp, ent = logp.sum(-1), ent.sum(-1)
+        return logp, ent, self.critic(h).squeeze(-1)
+
+    @torch.no_grad()
+    def act(self, obs):
+        h = self.features(obs)
+        d = self.dist(h)
+        action = d.sample()
+        logp = d.log_prob(action)
+        return action, logp.sum(-1) if self.continuous else logp, self.critic(h).squeeze(-1)
+
+
+def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
+    """GAE over a (steps, envs) rollout. next_values[t] is V of the state after step t in the same
+    episode: for a truncated episode the value of its final observation (bootstrapped, as SB3 does),
+    ignored where the episode terminated; dones = terminated | truncated cuts the recursion."""
+    advantages = torch.zeros_like(rewards)
+    lastgaelam = 0.0
+    for t in reversed(range(len(rewards))):
+        delta = rewards[t] + gamma * next_values[t] * (1.0 - terminations[t]) - values[t]
+        lastgaelam = delta + gamma * lam * (1.0 - dones[t]) * lastgaelam
+        advantages[t] = lastgaelam
+    return advantages, advantages + values
+
+
+def ppo_losses(agent, params, b, idx, args):
+    """Per-record PPO loss l_i: clipped surrogate (Sec. 2.1) + vf_coef x squared value error
+    - ent_coef x entropy. An optimizer step minimises the mean of l_i over its minibatch."""
+    logp, ent, value = functional_call(agent, params, (b["obs"][idx], b["actions"][idx]))
+    ratio = (logp - b["logprobs"][idx]).exp()
+    adv = b["advantages"][idx]
+    pg = -torch.min(ratio * adv, ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef) * adv)
+    return pg + args.vf_coef * (b["returns"][idx] - value) ** 2 - args.ent_coef * ent
+
+
+def target_fn(agent, params, t_obs, t_actions, t_weights):
+    """Target functions (Sec. 3.1) share one form, f(theta) = mean_j w_j log pi_theta(a_j | s_j):
+    f_return is it over the round's buffer with w = A_hat (pi_ref = pi_theta(k)); f_action over one
+    chosen (s, a) with w = 1."""
+    logp, _, _ = functional_call(agent, params, (t_obs, t_actions))
+    return (logp * t_weights).mean()
+
+
+def influence(agent, b, idx, target, args):
+    """Influence of records idx (Sec. 3.1): I_i = <grad f(theta), -grad l_i(theta)>, at the agent's
+    current parameters. Exact and batched: one backward pass gives g = grad f, one forward-mode pass
+    (jvp) gives the directional derivatives dl_i/dtheta . g of all records at once."""
+    params = {k: v.detach() for k, v in agent.named_parameters()}
+    leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
+    g = torch.autograd.grad(target_fn(agent, leaves, *target), list(leaves.values()), allow_unused=True)
+    g = {k: torch.zeros_like(v) if gk is None else gk for (k, v), gk in zip(params.items(), g)}  # e.g. the critic
+    _, dl = jvp(lambda p: ppo_losses(agent, p, b, idx, args), (params,), (g,))
+    return -dl
+
+
+def filter_records(scores, method, p, gen):
+    """Stage II of Alg. 1: returns (kept mask, n_negative). Drops floor(p * n_negative) records: for
+    'influence' the most negative first, ties broken by buffer order; for 'random' the same number
+    uniformly at random. A buffer with no negative record is kept whole."""
+    n_neg = int((scores < 0).sum())
+    n_drop = 0 if method == "none" else math.floor(p * n_neg + 1e-9)  # 1e-9: 0.29 * 100 = 28.99999...
+    order = torch.argsort(scores, stable=True) if method == "influence" else torch.randperm(len(scores), generator=gen)
+    kept = torch.ones(len(scores), dtype=torch.bool)
+    kept[order[:n_drop]] = False
+    return kept, n_neg
+
+
+def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None):
+    """Stage III of Alg. 1: the usual PPO epochs, over the kept records only. Minibatches keep their
+    size; when it does not divide the kept count, each epoch's (reshuffled) remainder is skipped, as
+    in the authors' code, so a filtered round takes fewer optimizer steps. With a target, also
+    returns the TracIn influence of Sec. 3.1, summed over every step whose minibatch holds the record."""
+    params = dict(agent.named_parameters())
+    mbs = args.minibatch_size
+    tracin = torch.zeros(len(b["advantages"]), dtype=b["advantages"].dtype) if target is not None else None
+    n_updates, t_tracin = 0, 0.0
+    for epoch in range(args.update_epochs):
+        perm = kept_idx[torch.as_tensor(rng.permutation(len(kept_idx)))]
+        for start in range(0, len(perm) - mbs + 1, mbs):
+            mb_inds = perm[start:start + mbs]
+            if tracin is not None:
+                t0 = time.perf_counter()
+                tracin[mb_inds] += influence(agent, b, mb_inds, target, args)
+                t_tracin += time.perf_counter() - t0
+            loss = ppo_losses(agent, params, b, mb_inds, args).mean()
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite PPO loss ({loss.item()}) at epoch {epoch}, step {n_updates}")
+            optimizer.zero_grad()
+            loss.backward()
+            if args.max_grad_norm > 0:
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            n_updates += 1
+    return n_updates, tracin, t_tracin
+
+
+def env_action(agent, action, act_space):
+    return np.clip(action.numpy(), act_space.low, act_space.high) if agent.continuous else action.numpy()
+
+
+def evaluate(agent, envs, n_episodes, seed):
+    """Test return (App. B.2): mean and std of the undiscounted return of the stochastic policy over
+    n_episodes, split evenly across the envs so that short episodes are not over-counted."""
+    n = envs.num_envs
+    quota = np.array([n_episodes // n + (i < n_episodes % n) for i in range(n)])
+    done_count, ep_ret, returns = np.zeros(n, dtype=int), np.zeros(n), []
+    obs, _ = envs.reset(seed=seed)
+    while (done_count < quota).any():
+        action, _, _ = agent.act(torch.as_tensor(obs, dtype=torch.float32))
+        obs, reward, term, trunc, _ = envs.step(env_action(agent, action, envs.single_action_space))
+        ep_ret += reward
+        for i in np.flatnonzero(term | trunc):
+            if done_count[i] < quota[i]:
+                returns.append(ep_ret[i])
+                done_count[i] += 1
+            ep_ret[i] = 0.0
+    return float(np.mean(returns)), float(np.std(returns))
+
+
+def parse_values(flag, text):
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        fail(f"{flag} takes comma-separated numbers, got {text!r}")
+
+
+def resolve_args(args):
+    """Fill preset values, check every flag and the env's spaces; fail early with the flag's name."""
+    from gymnasium.error import Error as GymError
+    preset = PRESETS.get(args.env_id, DEFAULTS)
+    for key in ("total_timesteps", "optimizer", "learning_rate", "filter_p", "eval_episodes"):
+        if getattr(args, key) is None:
+            setattr(args, key, preset[key])
+    args.env_kwargs = preset.get("env_kwargs", {})
+    if not 0 < args.filter_p <= 1:
+        fail(f"--filter-p must be in (0, 1], got {args.filter_p}")
+    for key in ("num_envs", "num_steps", "minibatch_size", "update_epochs", "eval_episodes", "eval_envs", "threads"):
+        if getattr(args, key) < 1:
+            fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
+    if not args.learning_rate > 0:
+        fail(f"--learning-rate must be positive, got {args.learning_rate}")
+    args.batch_size = args.num_steps * args.num_envs
+    if args.batch_size % args.minibatch_size:
+        fail(f"--minibatch-size {args.minibatch_size} does not divide the buffer size "
+             f"--num-steps x --num-envs = {args.batch_size}")
+    if args.total_timesteps < args.batch_size or args.total_timesteps % args.batch_size:
+        fail(f"--total-timesteps {args.total_timesteps} is not a positive multiple of the buffer size "
+             f"--num-steps x --num-envs = {args.batch_size}")
+    args.num_rounds = args.total_timesteps // args.batch_size
+    if args.influence_mode == "tracin" and not args.save_rounds:
+        fail("--influence-mode tracin writes its scores into the round files: add --save-rounds")
+    try:
+        env = make_env(args.env_id, args.env_kwargs)()
+    except (GymError, ImportError) as e:
+        fail(f"--env-id {args.env_id!r} cannot be made ({type(e).__name__}: {e}). "
+             f"Paper presets: {', '.join(PRESETS)}")
+    obs_space, act_space = env.observation_space, env.action_space
+    raw_obs_space = env.unwrapped.observation_space
+    env.close()
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
+        fail(f"--env-id {args.env_id}: observation space {obs_space} is not supported "
+             "(Discrete, or a Box of 1 to 3 dimensions)")
+    if not (isinstance(act_space, gym.spaces.Discrete) or
+            (isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1)):
+        fail(f"--env-id {args.env_id}: action space {act_space} is not supported (Discrete, or a 1-D Box)")
+    args.target_obs = args.target_act = None
+    if args.target == "f_action":
+        if args.target_state is None or args.target_action is None:
+            fail("--target f_action needs --target-state and --target-action")
+        s = parse_values("--target-state", args.target_state)
+        if isinstance(raw_obs_space, gym.spaces.Discrete) and len(s) == 1:
+            s = np.eye(int(raw_obs_space.n))[int(s[0])]
+        if len(s) != int(np.prod(obs_space.shape)):
+            fail(f"--target-state has {len(s)} values; the observation {obs_space.shape} has {int(np.prod(obs_space.shape))}")
+        a = parse_values("--target-action", args.target_action)
+        n_act = act_space.shape[0] if isinstance(act_space, gym.spaces.Box) else 1
+        if len(a) != n_act or (isinstance(act_space, gym.spaces.Discrete) and not 0 <= a[0] < act_space.n):
+            fail(f"--target-action {args.target_action!r} is not an action of {act_space}")
+        args.target_obs = torch.tensor(s, dtype=torch.float32).reshape(1, *obs_space.shape)
+        args.target_act = torch.tensor(a).reshape(1, n_act) if n_act > 1 or isinstance(act_space, gym.spaces.Box) \
+            else torch.tensor([int(a[0])])
+    if args.run_name is None:
+        args.run_name = f"{args.env_id}__{args.filter_method}__{args.seed}__{int(time.time())}"
+    return args
+
+
+METRICS = ["round", "global_step", "train_return", "test_return_mean", "test_return_std", "n_records", "n_kept",
+           "n_dropped", "n_negative", "n_updates", "t_rollout", "t_influence", "t_optim", "t_eval"]
+
+
+def main(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)  # minibatch shuffling
+    gen = torch.Generator().manual_seed(args.seed)  # random filtering
+    run_dir = os.path.join(args.runs_dir, args.run_name)
+    if os.path.exists(os.path.join(run_dir, "metrics.csv")):
+        fail(f"{run_dir}/metrics.csv exists: choose another --run-name or remove it")
+    os.makedirs(os.path.join(run_dir, "rounds") if args.save_rounds else run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump({k: v for k, v in vars(args).items() if not torch.is_tensor(v)}, f, indent=1)
+
+    envs, eval_envs = make_vec(args, args.num_envs), make_vec(args, min(args.eval_envs, args.eval_episodes))
+    act_space = envs.single_action_space
+    agent = Agent(envs.single_observation_space, act_space)
+    if args.optimizer == "sgd":
+        optimizer = torch.optim.SGD(agent.parameters(), lr=args.learning_rate)
+    else:
+        optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)  # SB3's eps
+    T, N = args.num_steps, args.num_envs
+    obs = torch.zeros((T, N) + envs.single_observation_space.shape)
+    actions = torch.zeros((T, N) + act_space.shape, dtype=torch.float32 if agent.continuous else torch.long)
+    logprobs, rewards, terminations, dones, values, next_values = (torch.zeros(T, N) for _ in range(6))
+
+    metrics_file = open(os.path.join(run_dir, "metrics.csv"), "w", newline="")
+    writer = csv.DictWriter(metrics_file, fieldnames=METRICS)
+    writer.writeheader()
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
+    ep_ret = np.zeros(N)
+    print(f"{args.env_id}: {args.num_rounds} rounds of {args.batch_size} records, filter {args.filter_method} "
+          f"p={args.filter_p}, {args.optimizer} lr={args.learning_rate} -> {run_dir}")
+    for k in range(args.num_rounds):
+        # Stage I (Alg. 1): collect the rollout buffer B(k) with the policy at theta(k)
+        t0 = time.perf_counter()
+        train_returns, truncated = [], []
+        for step in range(T):
+            obs[step] = next_obs
+            action, logprobs[step], values[step] = agent.act(next_obs)
+            actions[step] = action
+            next_obs, reward, term, trunc, info = envs.step(env_action(agent, action, act_space))
+            rewards[step] = torch.as_tensor(reward, dtype=torch.float32)
+            terminations[step] = torch.as_tensor(term, dtype=torch.float32)
+            dones[step] = torch.as_tensor(term | trunc, dtype=torch.float32)
+            ep_ret += reward
+            for i in np.flatnonzero(term | trunc):
+                train_returns.append(ep_ret[i])
+                ep_ret[i] = 0.0
+                if trunc[i] and not term[i]:
+                    truncated.append((step, i, info["final_obs"][i]))
+            next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
+        with torch.no_grad():
+            next_values[:-1] = values[1:]
+            next_values[-1] = agent.act(next_obs)[2]
+            if truncated:
+                final_obs = torch.as_tensor(np.stack([o for _, _, o in truncated]), dtype=torch.float32)
+                steps, envi = zip(*[(s, i) for s, i, _ in truncated])
+                next_values[list(steps), list(envi)] = agent.act(final_obs)[2]
+        advantages, returns = compute_gae(rewards, values, next_values, terminations, dones, args.gamma, args.gae_lambda)
+        b = dict(obs=obs.reshape((-1,) + obs.shape[2:]), actions=actions.reshape((-1,) + actions.shape[2:]),
+                 logprobs=logprobs.reshape(-1), values=values.reshape(-1), rewards=rewards.reshape(-1),
+                 terminations=terminations.reshape(-1), dones=dones.reshape(-1), returns=returns.reshape(-1),
+                 advantages=advantages.reshape(-1))
+        if args.norm_adv:  # once over the whole buffer, so scoring and training see the same A_hat of a record
+            b["advantages"] = (b["advantages"] - b["advantages"].mean()) / (b["advantages"].std() + 1e-8)
+        t_rollout = time.perf_counter() - t0
+
+        # Stage II (Alg. 1): score every record at theta(k) (Sec. 5.1) and filter the bottom ones
+        t0 = time.perf_counter()
+        target = (b["obs"], b["actions"], b["advantages"]) if args.target == "f_return" else \
+            (args.target_obs, args.target_act, torch.ones(1))
+        scores = influence(agent, b, torch.arange(args.batch_size), target, args)
+        if not torch.isfinite(scores).all():
+            fail(f"round {k}: non-finite influence scores; lower --learning-rate")
+        kept, n_negative = filter_records(scores, args.filter_method, args.filter_p, gen)
+        t_influence = time.perf_counter() - t0
+
+        # Stage III (Alg. 1): the PPO update on the kept records
+        t0 = time.perf_counter()
+        theta_k = {key: v.clone() for key, v in agent.state_dict().items()} if args.save_rounds else None
+        try:
+            n_updates, tracin, t_tracin = ppo_update(agent, optimizer, b, torch.nonzero(kept).squeeze(1), args, rng,
+                                                     target if args.influence_mode == "tracin" else None)
+        except FloatingPointError as e:
+            fail(f"round {k}: {e}; lower --learning-rate, or clip gradients with --max-grad-norm")
+        t_optim = time.perf_counter() - t0 - t_tracin
+        t_influence += t_tracin
+
+        t0 = time.perf_counter()
+        test_mean, test_std = evaluate(agent, eval_envs, args.eval_episodes, args.seed + 10_000)
+        t_eval = time.perf_counter() - t0
+
+        row = dict(round=k, global_step=(k + 1) * args.batch_size,
+                   train_return=float(np.mean(train_returns)) if train_returns else float("nan"),
+                   test_return_mean=test_mean, test_return_std=test_std, n_records=args.batch_size,
+                   n_kept=int(kept.sum()), n_dropped=int((~kept).sum()), n_negative=n_negative, n_updates=n_updates,
+                   t_rollout=t_rollout, t_influence=t_influence, t_optim=t_optim, t_eval=t_eval)
+        writer.writerow(row)
+        metrics_file.flush()
+        if args.save_rounds:
+            torch.save(dict(b, round=k, global_step=row["global_step"], state_dict=theta_k, influence=scores,
+                            kept=kept, influence_tracin=tracin, target=args.target),
+                       os.path.join(run_dir, "rounds", f"round_{k:04d}.pt"))
+        print(f"round {k + 1}/{args.num_rounds} step {row['global_step']} | train {row['train_return']:.3f} "
+              f"test {test_mean:.3f} +- {test_std:.3f} | kept {row['n_kept']}/{args.batch_size} (neg {n_negative}) | "
+              f"s: rollout {t_rollout:.2f} influence {t_influence:.2f} optim {t_optim:.2f} eval {t_eval:.2f}", flush=True)
+    metrics_file.close()
+    envs.close()
+    eval_envs.close()
+
+
+if __name__ == "__main__":
+    torch.distributions.Distribution.set_default_validate_args(False)  # argument checks slow the rollout
+    args = resolve_args(tyro.cli(Args))
+    try:
+        main(args)
+    except KeyboardInterrupt:
+        sys.exit(f"\ninterrupted: every finished round is in {os.path.join(args.runs_dir, args.run_name)}/metrics.csv")

@@ -1,0 +1,131 @@
+"""iif.py end to end through its command line."""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import iif
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHORT = ["--total-timesteps", "64", "--num-steps", "32", "--minibatch-size", "16", "--update-epochs", "2",
+         "--eval-episodes", "2"]
+
+
+def run(tmp_path, *flags, check=True):
+    cmd = [sys.executable, os.path.join(ROOT, "iif.py"), "--runs-dir", str(tmp_path), "--run-name", "r", *flags]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def read_metrics(tmp_path):
+    with open(tmp_path / "r" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("env_id", list(iif.PRESETS) + ["CartPole-v1", "Pendulum-v1"])
+def test_every_preset_runs_two_rounds(tmp_path, env_id):
+    proc = run(tmp_path, "--env-id", env_id, *SHORT)
+    rows = read_metrics(tmp_path)
+    assert [r["round"] for r in rows] == ["0", "1"] and rows[1]["global_step"] == "64"
+    assert list(rows[0]) == iif.METRICS
+    for r in rows:
+        assert int(r["n_kept"]) + int(r["n_dropped"]) == int(r["n_records"]) == 32
+        assert int(r["n_dropped"]) == int(r["n_negative"]) * float(iif.PRESETS.get(env_id, iif.DEFAULTS)["filter_p"]) // 1
+        assert int(r["n_updates"]) == 2 * (int(r["n_kept"]) // 16)
+        assert float(r["test_return_std"]) >= 0 and float(r["t_optim"]) > 0
+    assert "round 2/2" in proc.stdout
+
+
+def test_saved_rounds_hold_theta_k_and_the_scored_buffer(tmp_path):
+    run(tmp_path, "--env-id", "FrozenLake-v1", "--save-rounds", "--influence-mode", "tracin", *SHORT)
+    r0 = torch.load(tmp_path / "r" / "rounds" / "round_0000.pt")
+    r1 = torch.load(tmp_path / "r" / "rounds" / "round_0001.pt")
+    for key in ("obs", "actions", "logprobs", "values", "rewards", "terminations", "dones", "returns",
+                "advantages", "influence", "kept", "influence_tracin", "state_dict"):
+        assert key in r0, key
+    assert r0["obs"].shape == (32, 16) and r0["influence"].shape == r0["kept"].shape == (32,)
+    assert torch.allclose(r0["advantages"].mean(), torch.tensor(0.0), atol=1e-5)  # normalised, as trained on
+    assert int((~r0["kept"]).sum()) == int((r0["influence"] < 0).sum()) // 2
+    dropped_max = r0["influence"][~r0["kept"]].max() if (~r0["kept"]).any() else -float("inf")
+    assert dropped_max <= r0["influence"][r0["kept"]].min() or (r0["influence"][r0["kept"]] < 0).any()
+    assert (r0["influence_tracin"][~r0["kept"]] == 0).all()  # dropped records take no optimizer step
+    # theta(0) is the initial network, theta(1) differs: the round-0 update happened between them
+    agent = iif.Agent(iif.gym.spaces.Box(0, 1, (16,)), iif.gym.spaces.Discrete(4))
+    agent.load_state_dict(r1["state_dict"])
+    assert any(not torch.equal(r0["state_dict"][k], r1["state_dict"][k]) for k in r0["state_dict"])
+
+
+def test_same_seed_same_metrics(tmp_path):
+    def metrics(sub, seed):
+        run(tmp_path / sub, "--env-id", "Acrobot-v1", "--seed", str(seed), "--filter-method", "random", *SHORT)
+        return [{k: v for k, v in r.items() if not k.startswith("t_")} for r in read_metrics(tmp_path / sub)]
+
+    first = metrics("a", 3)
+    assert first == metrics("b", 3)
+    assert first != metrics("c", 4)
+
+
+def test_f_action_target_from_the_command_line(tmp_path):
+    run(tmp_path, "--env-id", "FrozenLake-v1", "--target", "f_action", "--target-state", "0",
+        "--target-action", "2", "--save-rounds", *SHORT)
+    r0 = torch.load(tmp_path / "r" / "rounds" / "round_0000.pt")
+    assert r0["target"] == "f_action" and r0["influence"].abs().max() > 0
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--env-id", "NoSuchEnv-v0"], "--env-id"),
+    (["--env-id", "Blackjack-v1"], "--env-id"),  # a Tuple observation space
+    (["--filter-p", "0"], "--filter-p"),
+    (["--filter-p", "1.5"], "--filter-p"),
+    (["--minibatch-size", "60"], "--minibatch-size"),
+    (["--total-timesteps", "3000"], "--total-timesteps"),
+    (["--influence-mode", "tracin"], "--save-rounds"),
+    (["--target", "f_action"], "--target-state"),
+    (["--env-id", "FrozenLake-v1", "--target", "f_action", "--target-state", "0", "--target-action", "4"],
+     "--target-action"),
+    (["--filter-method", "best"], "--filter-method"),
+])
+def test_bad_flags_fail_early_with_the_flag_named(tmp_path, flags, message):
+    proc = run(tmp_path, *flags, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_non_finite_loss_stops_with_a_clear_message(tmp_path):
+    proc = run(tmp_path, "--env-id", "Acrobot-v1", "--learning-rate", "1e38", "--max-grad-norm", "0",
+               "--total-timesteps", "320", "--num-steps", "32", "--minibatch-size", "16", "--eval-episodes", "1",
+               check=False)
+    assert proc.returncode != 0 and "round 0: non-finite PPO loss" in proc.stderr
+    assert "--learning-rate" in proc.stderr and "Traceback" not in proc.stderr
+    assert read_metrics(tmp_path) == []  # the header is written, no row of the failed round
+
+
+def test_interrupt_keeps_every_written_round(tmp_path):
+    cmd = [sys.executable, os.path.join(ROOT, "iif.py"), "--runs-dir", str(tmp_path), "--run-name", "r",
+           "--env-id", "CartPole-v1", "--num-steps", "64", "--minibatch-size", "32", "--total-timesteps", "64000",
+           "--eval-episodes", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    path = tmp_path / "r" / "metrics.csv"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (path.exists() and len(path.read_text().splitlines()) >= 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "interrupted" in err and "Traceback" not in err
+    rows = read_metrics(tmp_path)
+    assert len(rows) >= 2 and [int(r["round"]) for r in rows] == list(range(len(rows)))
+
+
+def test_iif_solves_frozenlake_within_the_paper_budget(tmp_path):
+    run(tmp_path, "--env-id", "FrozenLake-v1", "--filter-p", "0.5")
+    rows = read_metrics(tmp_path)
+    assert len(rows) == 50
+    assert max(float(r["test_return_mean"]) for r in rows) == 1.0

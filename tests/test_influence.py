@@ -1,0 +1,215 @@
+"""Influence, TracIn, filtering and GAE of iif.py against plain reference computations."""
+import copy
+import math
+from types import SimpleNamespace
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import iif
+
+ARGS = SimpleNamespace(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, minibatch_size=8, update_epochs=2, max_grad_norm=0.5)
+
+SPACES = {
+    "mlp": (gym.spaces.Box(-1, 1, (6,)), gym.spaces.Discrete(3)),
+    "cnn_shared": (gym.spaces.Box(0, 255, (7, 7, 3), np.uint8), gym.spaces.Discrete(7)),
+    "gaussian": (gym.spaces.Box(-1, 1, (5,)), gym.spaces.Box(-1, 1, (2,))),
+}
+
+
+def make_agent_and_buffer(kind, n=40, seed=0):
+    torch.manual_seed(seed)
+    obs_space, act_space = SPACES[kind]
+    agent = iif.Agent(obs_space, act_space).double()
+    if agent.continuous:
+        with torch.no_grad():
+            agent.log_std.copy_(torch.randn(agent.log_std.shape) * 0.3)  # not all equal, so its gradient matters
+    if agent.image:
+        obs = torch.randint(0, 11, (n, 7, 7, 3)).double() * 20
+    else:
+        obs = torch.randn(n, *obs_space.shape, dtype=torch.float64)
+    actions = torch.randn(n, *act_space.shape, dtype=torch.float64) if agent.continuous else \
+        torch.randint(0, act_space.n, (n,))
+    with torch.no_grad():
+        logp, _, v = agent(obs, actions)
+    # old log-probs a little off the current ones, so ratios differ from 1 and some records are clipped
+    b = dict(obs=obs, actions=actions, logprobs=logp + 0.3 * torch.randn(n, dtype=torch.float64),
+             advantages=torch.randn(n, dtype=torch.float64), returns=v + torch.randn(n, dtype=torch.float64))
+    return agent, b
+
+
+def reference_loss(agent, b, i, args):
+    """One record's PPO loss, written out independently of iif.ppo_losses."""
+    logp, ent, v = agent(b["obs"][i:i + 1], b["actions"][i:i + 1])
+    ratio = torch.exp(logp - b["logprobs"][i])
+    a = b["advantages"][i]
+    surrogate = torch.minimum(ratio * a, torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef) * a)
+    return (-surrogate + args.vf_coef * (v - b["returns"][i]) ** 2 - args.ent_coef * ent).sum()
+
+
+def flat_grad(scalar, agent):
+    grads = torch.autograd.grad(scalar, list(agent.parameters()), allow_unused=True)
+    return torch.cat([(torch.zeros_like(p) if g is None else g).flatten() for p, g in zip(agent.parameters(), grads)])
+
+
+def reference_influence(agent, b, idx, target, args):
+    t_obs, t_act, t_w = target
+    logp, _, _ = agent(t_obs, t_act)
+    g = flat_grad((logp * t_w).mean(), agent)
+    return torch.stack([-(g @ flat_grad(reference_loss(agent, b, int(i), args), agent)) for i in idx])
+
+
+def targets(agent, b):
+    return {
+        "f_return": (b["obs"], b["actions"], b["advantages"]),
+        "f_action": (b["obs"][3:4], b["actions"][3:4], torch.ones(1, dtype=torch.float64)),
+    }
+
+
+@pytest.mark.parametrize("kind", list(SPACES))
+@pytest.mark.parametrize("target_name", ["f_return", "f_action"])
+def test_influence_equals_per_record_autograd(kind, target_name):
+    agent, b = make_agent_and_buffer(kind)
+    target = targets(agent, b)[target_name]
+    idx = torch.arange(len(b["advantages"]))
+    ours = iif.influence(agent, b, idx, target, ARGS)
+    ref = reference_influence(agent, b, idx, target, ARGS)
+    assert ref.abs().max() > 1e-6 and (ref > 0).any() and (ref < 0).any()
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-10 * ref.abs().max().item())
+
+
+def test_value_term_enters_influence_only_through_shared_parameters():
+    # MLP: f_return does not depend on the critic, so the value coefficient cannot change the scores;
+    # CNN: the value loss moves the shared extractor, so it must.
+    for kind, should_change in (("mlp", False), ("cnn_shared", True)):
+        agent, b = make_agent_and_buffer(kind)
+        target = targets(agent, b)["f_return"]
+        idx = torch.arange(len(b["advantages"]))
+        a = iif.influence(agent, b, idx, target, ARGS)
+        c = iif.influence(agent, b, idx, target, SimpleNamespace(**{**vars(ARGS), "vf_coef": 5.0}))
+        assert (not torch.allclose(a, c, rtol=1e-6, atol=0)) == should_change, kind
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn_shared", "gaussian"])
+def test_tracin_equals_explicit_step_by_step_sum(kind):
+    agent, b = make_agent_and_buffer(kind, n=32)
+    target = targets(agent, b)["f_return"]
+    ref_agent = copy.deepcopy(agent)
+    kept = torch.arange(32)[torch.arange(32) % 5 != 0]  # 25 kept records: 3 minibatches of 8, remainder 1
+    optimizer = torch.optim.SGD(agent.parameters(), lr=0.05)
+    n_updates, tracin, _ = iif.ppo_update(agent, optimizer, b, kept, ARGS, np.random.default_rng(7), target)
+    assert n_updates == 2 * 3
+
+    rng = np.random.default_rng(7)
+    ref = torch.zeros(32, dtype=torch.float64)
+    params = list(ref_agent.parameters())
+    for _ in range(ARGS.update_epochs):
+        perm = kept[torch.as_tensor(rng.permutation(len(kept)))]
+        for start in range(0, 24, 8):
+            mb = perm[start:start + 8]
+            ref[mb] += reference_influence(ref_agent, b, mb, target, ARGS)
+            loss = sum(reference_loss(ref_agent, b, int(i), ARGS) for i in mb) / len(mb)
+            grads = torch.autograd.grad(loss, params)
+            norm = torch.sqrt(sum((g ** 2).sum() for g in grads))
+            scale = min(1.0, ARGS.max_grad_norm / (norm.item() + 1e-6))
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p -= 0.05 * scale * g
+    assert (ref[torch.arange(32) % 5 == 0] == 0).all()
+    torch.testing.assert_close(tracin, ref, rtol=1e-5, atol=1e-10 * ref.abs().max().item())
+    for p, q in zip(agent.parameters(), params):
+        torch.testing.assert_close(p, q)
+
+
+def test_snapshot_is_the_first_tracin_term():
+    # one optimizer step on the whole buffer: TracIn reduces to the snapshot score at theta(k)
+    agent, b = make_agent_and_buffer("mlp", n=8)
+    target = targets(agent, b)["f_return"]
+    snapshot = iif.influence(agent, b, torch.arange(8), target, ARGS)
+    one_step = SimpleNamespace(**{**vars(ARGS), "update_epochs": 1, "minibatch_size": 8})
+    _, tracin, _ = iif.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.1), b, torch.arange(8), one_step,
+                                  np.random.default_rng(0), target)
+    torch.testing.assert_close(tracin, snapshot)
+
+
+# ---- filtering (Alg. 1, Stage II) ----
+
+def test_influence_filter_drops_floor_p_of_negatives_most_negative_first():
+    scores = torch.tensor([0.5, -3.0, -1.0, 2.0, -2.0, -0.5, 0.0, -4.0])  # 5 negatives
+    kept, n_neg = iif.filter_records(scores, "influence", 0.5, torch.Generator().manual_seed(0))
+    assert n_neg == 5
+    assert sorted(torch.nonzero(~kept).flatten().tolist()) == [1, 7]  # floor(2.5) = 2: -4 and -3
+    kept, _ = iif.filter_records(scores, "influence", 1.0, torch.Generator())
+    assert sorted(torch.nonzero(~kept).flatten().tolist()) == [1, 2, 4, 5, 7]  # p = 1: every negative, 0.0 kept
+    kept, _ = iif.filter_records(scores, "influence", 0.1, torch.Generator())
+    assert kept.all()  # floor(0.5) = 0
+
+
+def test_filter_ties_by_buffer_order_and_no_negatives():
+    scores = torch.tensor([-1.0, 3.0, -1.0, -1.0, -1.0])
+    kept, _ = iif.filter_records(scores, "influence", 0.5, torch.Generator())
+    assert torch.nonzero(~kept).flatten().tolist() == [0, 2]
+    for method in ("influence", "random"):
+        kept, n_neg = iif.filter_records(torch.tensor([0.0, 1.0, 2.0]), method, 1.0, torch.Generator())
+        assert n_neg == 0 and kept.all()
+    kept, n_neg = iif.filter_records(torch.tensor([-1.0, -2.0]), "none", 1.0, torch.Generator())
+    assert n_neg == 2 and kept.all()
+
+
+def test_random_filter_drops_the_same_count_uniformly():
+    scores = torch.linspace(-1, 1, 101)  # 50 negatives
+    gen = torch.Generator().manual_seed(0)
+    drops = torch.zeros(101)
+    for _ in range(400):
+        kept, n_neg = iif.filter_records(scores, "random", 0.5, gen)
+        assert n_neg == 50 and int((~kept).sum()) == 25
+        drops += (~kept).float()
+    # positive and negative records are dropped alike (each with probability 25/101)
+    assert abs(drops[:50].mean() - drops[51:].mean()) < 0.1 * drops.mean()
+    assert drops.min() > 0
+
+
+def test_floor_is_robust_to_float_rounding():
+    scores = -torch.ones(100)
+    kept, _ = iif.filter_records(scores, "influence", 0.29, torch.Generator())
+    assert int((~kept).sum()) == 29 == math.floor(29.0)
+
+
+# ---- GAE ----
+
+def reference_gae(rewards, values, next_values, terms, dones, gamma, lam):
+    """A_t = sum_l (gamma lam)^l delta_{t+l}, summed explicitly up to the end of t's episode."""
+    T, N = rewards.shape
+    adv = torch.zeros(T, N, dtype=torch.float64)
+    for e in range(N):
+        delta = [rewards[t, e] + gamma * next_values[t, e] * (1 - terms[t, e]) - values[t, e] for t in range(T)]
+        for t in range(T):
+            total, u = 0.0, t
+            while u < T:
+                total += (gamma * lam) ** (u - t) * delta[u]
+                if dones[u, e]:
+                    break
+                u += 1
+            adv[t, e] = total
+    return adv
+
+
+def test_gae_with_termination_and_truncation():
+    torch.manual_seed(0)
+    T, N = 12, 2
+    rewards, values = torch.randn(T, N, dtype=torch.float64), torch.randn(T, N, dtype=torch.float64)
+    terms, truncs = torch.zeros(T, N, dtype=torch.float64), torch.zeros(T, N, dtype=torch.float64)
+    terms[3, 0] = terms[9, 1] = 1
+    truncs[7, 0] = truncs[4, 1] = 1
+    dones = torch.clamp(terms + truncs, max=1)
+    next_values = torch.cat([values[1:], torch.randn(1, N, dtype=torch.float64)])
+    next_values[7, 0], next_values[4, 1] = 5.0, -5.0  # V(final observation) of the truncated episodes
+    adv, ret = iif.compute_gae(rewards, values, next_values, terms, dones, 0.99, 0.95)
+    ref = reference_gae(rewards, values, next_values, terms, dones, 0.99, 0.95)
+    torch.testing.assert_close(adv, ref)
+    torch.testing.assert_close(ret, ref + values)
+    # the truncated step bootstraps from its final observation, the terminated one from nothing
+    torch.testing.assert_close(adv[7, 0], rewards[7, 0] + 0.99 * 5.0 - values[7, 0])
+    torch.testing.assert_close(adv[3, 0], rewards[3, 0] - values[3, 0])
