@@ -8,7 +8,6 @@ most harmful records and runs the ordinary PPO update on the rest (Alg. 1).
     python iif.py --env-id Acrobot-v1 --filter-p 0.5
 """
 import csv
-import dataclasses
 import json
 import math
 import os
@@ -104,7 +103,9 @@ PRESETS = {
     "Acrobot-v1": dict(total_timesteps=102_400, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
                        eval_episodes=1000),
     "highway-v0": dict(total_timesteps=204_800, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
-                       eval_episodes=100, env_kwargs=dict(config=dict(vehicles_count=10))),
+                       eval_episodes=100, env_kwargs=dict(config=dict(  # a misspelt key is silently ignored
+                           vehicles_count=10, observation=dict(type="Kinematics"),
+                           action=dict(type="DiscreteMetaAction")))),
     "LunarLander-v3": dict(total_timesteps=307_200, optimizer="sgd", learning_rate=5e-3, filter_p=0.125,
                            eval_episodes=1000),
     "BipedalWalker-v3": dict(total_timesteps=1_024_000, optimizer="adam", learning_rate=3e-4,
@@ -192,22 +193,22 @@ class Agent(nn.Module):
             return Normal(mean, self.log_std.exp().expand_as(mean))
         return Categorical(logits=self.actor(h))
 
-    def forward(self, obs, action):
-        """log pi(a|s), entropy and V(s) of a batch of records."""
+    def forward(self, obs, action, critic=True):
+        """log pi(a|s), entropy and V(s) (None without the critic) of a batch of records."""
         h = self.features(obs)
         d = self.dist(h)
         logp, ent = d.log_prob(action), d.entropy()
         if self.continuous:
             logp, ent = logp.sum(-1), ent.sum(-1)
-        return logp, ent, self.critic(h).squeeze(-1)
+        return logp, ent, self.critic(h).squeeze(-1) if critic else None
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def act(self, obs):
-        h = self.features(obs)
-        d = self.dist(h)
-        action = d.sample()
-        logp = d.log_prob(action)
-        return action, logp.sum(-1) if self.continuous else logp, self.critic(h).squeeze(-1)
+        return self.dist(self.features(obs)).sample()
+
+    @torch.inference_mode()
+    def value(self, obs):
+        return self.critic(self.features(obs)).squeeze(-1)
 
 
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
@@ -223,10 +224,12 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     return advantages, advantages + values
 
 
-def ppo_losses(agent, params, b, idx, args):
+def ppo_losses(agent, b, idx, args, params=None):
     """Per-record PPO loss l_i: clipped surrogate (Sec. 2.1) + vf_coef x squared value error
-    - ent_coef x entropy. An optimizer step minimises the mean of l_i over its minibatch."""
-    logp, ent, value = functional_call(agent, params, (b["obs"][idx], b["actions"][idx]))
+    - ent_coef x entropy. An optimizer step minimises the mean of l_i over its minibatch.
+    params: parameter tensors to evaluate the agent at (for torch.func), by default its own."""
+    obs, actions = b["obs"][idx], b["actions"][idx]
+    logp, ent, value = agent(obs, actions) if params is None else functional_call(agent, params, (obs, actions))
     ratio = (logp - b["logprobs"][idx]).exp()
     adv = b["advantages"][idx]
     pg = -torch.min(ratio * adv, ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef) * adv)
@@ -237,7 +240,7 @@ def target_fn(agent, params, t_obs, t_actions, t_weights):
     """Target functions (Sec. 3.1) share one form, f(theta) = mean_j w_j log pi_theta(a_j | s_j):
     f_return is it over the round's buffer with w = A_hat (pi_ref = pi_theta(k)); f_action over one
     chosen (s, a) with w = 1."""
-    logp, _, _ = functional_call(agent, params, (t_obs, t_actions))
+    logp, _, _ = functional_call(agent, params, (t_obs, t_actions), {"critic": False})
     return (logp * t_weights).mean()
 
 
@@ -245,11 +248,12 @@ def influence(agent, b, idx, target, args):
     """Influence of records idx (Sec. 3.1): I_i = <grad f(theta), -grad l_i(theta)>, at the agent's
     current parameters. Exact and batched: one backward pass gives g = grad f, one forward-mode pass
     (jvp) gives the directional derivatives dl_i/dtheta . g of all records at once."""
-    params = {k: v.detach() for k, v in agent.named_parameters()}
-    leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
-    g = torch.autograd.grad(target_fn(agent, leaves, *target), list(leaves.values()), allow_unused=True)
-    g = {k: torch.zeros_like(v) if gk is None else gk for (k, v), gk in zip(params.items(), g)}  # e.g. the critic
-    _, dl = jvp(lambda p: ppo_losses(agent, p, b, idx, args), (params,), (g,))
+    params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
+    grads = torch.autograd.grad(target_fn(agent, params, *target), list(params.values()), allow_unused=True)
+    g = {k: gk for k, gk in zip(params, grads) if gk is not None}  # f never reaches a separate critic: no tangent
+    primals = {k: params[k].detach() for k in g}
+    frozen = {k: v.detach() for k, v in params.items() if k not in g}
+    _, dl = jvp(lambda p: ppo_losses(agent, b, idx, args, {**frozen, **p}), (primals,), (g,))
     return -dl
 
 
@@ -270,7 +274,6 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None):
     size; when it does not divide the kept count, each epoch's (reshuffled) remainder is skipped, as
     in the authors' code, so a filtered round takes fewer optimizer steps. With a target, also
     returns the TracIn influence of Sec. 3.1, summed over every step whose minibatch holds the record."""
-    params = dict(agent.named_parameters())
     mbs = args.minibatch_size
     tracin = torch.zeros(len(b["advantages"]), dtype=b["advantages"].dtype) if target is not None else None
     n_updates, t_tracin = 0, 0.0
@@ -282,7 +285,7 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None):
                 t0 = time.perf_counter()
                 tracin[mb_inds] += influence(agent, b, mb_inds, target, args)
                 t_tracin += time.perf_counter() - t0
-            loss = ppo_losses(agent, params, b, mb_inds, args).mean()
+            loss = ppo_losses(agent, b, mb_inds, args).mean()
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite PPO loss ({loss.item()}) at epoch {epoch}, step {n_updates}")
             optimizer.zero_grad()
@@ -306,7 +309,7 @@ def evaluate(agent, envs, n_episodes, seed):
     done_count, ep_ret, returns = np.zeros(n, dtype=int), np.zeros(n), []
     obs, _ = envs.reset(seed=seed)
     while (done_count < quota).any():
-        action, _, _ = agent.act(torch.as_tensor(obs, dtype=torch.float32))
+        action = agent.act(torch.as_tensor(obs, dtype=torch.float32))
         obs, reward, term, trunc, _ = envs.step(env_action(agent, action, envs.single_action_space))
         ep_ret += reward
         for i in np.flatnonzero(term | trunc):
@@ -371,7 +374,8 @@ def resolve_args(args):
         if isinstance(raw_obs_space, gym.spaces.Discrete) and len(s) == 1:
             s = np.eye(int(raw_obs_space.n))[int(s[0])]
         if len(s) != int(np.prod(obs_space.shape)):
-            fail(f"--target-state has {len(s)} values; the observation {obs_space.shape} has {int(np.prod(obs_space.shape))}")
+            fail(f"--target-state has {len(s)} values; an observation of shape {obs_space.shape} needs "
+                 f"{int(np.prod(obs_space.shape))}")
         a = parse_values("--target-action", args.target_action)
         n_act = act_space.shape[0] if isinstance(act_space, gym.spaces.Box) else 1
         if len(a) != n_act or (isinstance(act_space, gym.spaces.Discrete) and not 0 <= a[0] < act_space.n):
@@ -408,49 +412,49 @@ def main(args):
     else:
         optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)  # SB3's eps
     T, N = args.num_steps, args.num_envs
-    obs = torch.zeros((T, N) + envs.single_observation_space.shape)
-    actions = torch.zeros((T, N) + act_space.shape, dtype=torch.float32 if agent.continuous else torch.long)
-    logprobs, rewards, terminations, dones, values, next_values = (torch.zeros(T, N) for _ in range(6))
-
     metrics_file = open(os.path.join(run_dir, "metrics.csv"), "w", newline="")
     writer = csv.DictWriter(metrics_file, fieldnames=METRICS)
     writer.writeheader()
     next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
     ep_ret = np.zeros(N)
     print(f"{args.env_id}: {args.num_rounds} rounds of {args.batch_size} records, filter {args.filter_method} "
           f"p={args.filter_p}, {args.optimizer} lr={args.learning_rate} -> {run_dir}")
     for k in range(args.num_rounds):
         # Stage I (Alg. 1): collect the rollout buffer B(k) with the policy at theta(k)
         t0 = time.perf_counter()
+        obs = np.zeros((T, N) + envs.single_observation_space.shape, dtype=np.float32)  # numpy: cheap per-step writes
+        actions = np.zeros((T, N) + act_space.shape, dtype=np.float32 if agent.continuous else np.int64)
+        rewards = np.zeros((T, N), dtype=np.float32)
+        terminations, truncations = (np.zeros((T, N), dtype=bool) for _ in range(2))
         train_returns, truncated = [], []
         for step in range(T):
             obs[step] = next_obs
-            action, logprobs[step], values[step] = agent.act(next_obs)
+            action = agent.act(torch.as_tensor(next_obs, dtype=torch.float32))
             actions[step] = action
-            next_obs, reward, term, trunc, info = envs.step(env_action(agent, action, act_space))
-            rewards[step] = torch.as_tensor(reward, dtype=torch.float32)
-            terminations[step] = torch.as_tensor(term, dtype=torch.float32)
-            dones[step] = torch.as_tensor(term | trunc, dtype=torch.float32)
-            ep_ret += reward
-            for i in np.flatnonzero(term | trunc):
+            next_obs, rewards[step], terminations[step], truncations[step], info = envs.step(
+                env_action(agent, action, act_space))
+            ep_ret += rewards[step]
+            for i in np.flatnonzero(terminations[step] | truncations[step]):
                 train_returns.append(ep_ret[i])
                 ep_ret[i] = 0.0
-                if trunc[i] and not term[i]:
+                if truncations[step, i] and not terminations[step, i]:
                     truncated.append((step, i, info["final_obs"][i]))
-            next_obs = torch.as_tensor(next_obs, dtype=torch.float32)
+        buf = dict(obs=obs, actions=actions, rewards=rewards, terminations=terminations.astype(np.float32),
+                   dones=(terminations | truncations).astype(np.float32))
+        buf = {key: torch.from_numpy(v) for key, v in buf.items()}
+        # log pi(a|s) and V(s) at theta(k) of all records in one batched pass (theta is fixed during the rollout)
         with torch.no_grad():
-            next_values[:-1] = values[1:]
-            next_values[-1] = agent.act(next_obs)[2]
-            if truncated:
-                final_obs = torch.as_tensor(np.stack([o for _, _, o in truncated]), dtype=torch.float32)
-                steps, envi = zip(*[(s, i) for s, i, _ in truncated])
-                next_values[list(steps), list(envi)] = agent.act(final_obs)[2]
-        advantages, returns = compute_gae(rewards, values, next_values, terminations, dones, args.gamma, args.gae_lambda)
-        b = dict(obs=obs.reshape((-1,) + obs.shape[2:]), actions=actions.reshape((-1,) + actions.shape[2:]),
-                 logprobs=logprobs.reshape(-1), values=values.reshape(-1), rewards=rewards.reshape(-1),
-                 terminations=terminations.reshape(-1), dones=dones.reshape(-1), returns=returns.reshape(-1),
-                 advantages=advantages.reshape(-1))
+            logprobs, _, values = agent(buf["obs"].flatten(0, 1), buf["actions"].flatten(0, 1))
+        buf["logprobs"], buf["values"] = logprobs.view(T, N), values.view(T, N)
+        # next_values[t]: V of the state after step t (of the final observation where an episode was truncated)
+        last_value = agent.value(torch.as_tensor(next_obs, dtype=torch.float32))
+        buf["next_values"] = torch.cat([buf["values"][1:], last_value[None]])
+        if truncated:
+            steps, envi, final_obs = zip(*truncated)
+            buf["next_values"][steps, envi] = agent.value(torch.as_tensor(np.stack(final_obs), dtype=torch.float32))
+        buf["advantages"], buf["returns"] = compute_gae(buf["rewards"], buf["values"], buf["next_values"],
+                                                        buf["terminations"], buf["dones"], args.gamma, args.gae_lambda)
+        b = {key: v.flatten(0, 1) for key, v in buf.items()}  # (steps, envs, ...) -> one record per row
         if args.norm_adv:  # once over the whole buffer, so scoring and training see the same A_hat of a record
             b["advantages"] = (b["advantages"] - b["advantages"].mean()) / (b["advantages"].std() + 1e-8)
         t_rollout = time.perf_counter() - t0
@@ -491,9 +495,10 @@ def main(args):
             torch.save(dict(b, round=k, global_step=row["global_step"], state_dict=theta_k, influence=scores,
                             kept=kept, influence_tracin=tracin, target=args.target),
                        os.path.join(run_dir, "rounds", f"round_{k:04d}.pt"))
-        print(f"round {k + 1}/{args.num_rounds} step {row['global_step']} | train {row['train_return']:.3f} "
-              f"test {test_mean:.3f} +- {test_std:.3f} | kept {row['n_kept']}/{args.batch_size} (neg {n_negative}) | "
-              f"s: rollout {t_rollout:.2f} influence {t_influence:.2f} optim {t_optim:.2f} eval {t_eval:.2f}", flush=True)
+        print(f"round {k} [{k + 1}/{args.num_rounds}] step {row['global_step']} | train {row['train_return']:.3f} "
+              f"test {test_mean:.3f} +- {test_std:.3f} | kept {row['n_kept']}/{args.batch_size} (neg {n_negative}) "
+              f"| s: rollout {t_rollout:.2f} influence {t_influence:.2f} optim {t_optim:.2f} eval {t_eval:.2f}",
+              flush=True)
     metrics_file.close()
     envs.close()
     eval_envs.close()

