@@ -499,6 +499,7 @@ def main(args):
               f"test {test_mean:.3f} +- {test_std:.3f} | kept {row['n_kept']}/{args.batch_size} (neg {n_negative}) "
               f"| s: rollout {t_rollout:.2f} influence {t_influence:.2f} optim {t_optim:.2f} eval {t_eval:.2f}",
               flush=True)
+    torch.save(agent.state_dict(), os.path.join(run_dir, "agent.pt"))
     metrics_file.close()
     envs.close()
     eval_envs.close()

@@ -1,0 +1,485 @@
+"""The paper's diagnostics (Sec. 4, Sec. 5.2, App. C) from what iif.py saves.
+
+Each subcommand writes a PNG and prints the numbers behind it:
+
+    python analysis.py curves --runs results/runs --env FrozenLake-v1
+    python analysis.py efficiency --runs results/runs --env FrozenLake-v1 Acrobot-v1
+    python analysis.py bottom-records --run results/runs/FrozenLake-v1__saved__1 --rounds 2 5 10
+    python analysis.py advantage-diagnosis --run results/runs/FrozenLake-v1__saved__1 --round 5
+
+Runs follow results/reproduce.sh's naming, <runs>/<env>__<label>__<seed>/metrics.csv, where the
+label is iif.py's --filter-method (influence, none, random) or any other tag.
+"""
+import argparse
+import csv
+import glob
+import json
+import math
+import os
+from collections import defaultdict
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import iif  # noqa: E402
+
+LABELS = {"influence": "IIF", "none": "Standard", "random": "Random"}
+COLORS = {"influence": "tab:red", "none": "tab:blue", "random": "tab:gray"}
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def load_runs(runs_dir, env_id):
+    """{label: {seed: rows}} of every <runs_dir>/<env_id>__<label>__<seed>/metrics.csv."""
+    runs = defaultdict(dict)
+    for path in sorted(glob.glob(os.path.join(runs_dir, f"{env_id}__*__*", "metrics.csv"))):
+        _, label, seed = os.path.basename(os.path.dirname(path)).rsplit("__", 2)
+        runs[label][seed] = read_metrics(path)
+    if not runs:
+        raise SystemExit(f"analysis.py: error: no {env_id}__<label>__<seed>/metrics.csv under --runs {runs_dir}")
+    return runs
+
+
+# ---- Sec. 5.2: sample efficiency and runtime ----
+
+def first_round(returns, v):
+    """m(v): rounds of training until the test return first reaches v; inf if it never does."""
+    return next((k + 1 for k, r in enumerate(returns) if r >= v), math.inf)
+
+
+def record_levels(returns):
+    """The strictly increasing sequence of record test returns set by a run (its running maxima)."""
+    levels = []
+    for r in returns:
+        if not levels or r > levels[-1]:
+            levels.append(r)
+    return levels
+
+
+def efficiency(std_rows, iif_rows):
+    """SE_ave, SE_peak, RT_peak of one IIF run against one standard run, and how many levels IIF never
+    reached. SE(v) = 1 - m_IIF(v) / m_std(v). A level IIF never reaches counts with m_IIF = its
+    number of rounds + 1, a bound in IIF's favour; runtime is influence + optimisation time for IIF
+    and optimisation time alone for standard PPO (which needs no influence), as in the paper."""
+    std = [r["test_return_mean"] for r in std_rows]
+    iif = [r["test_return_mean"] for r in iif_rows]
+    levels = record_levels(std)
+    m_iif = [min(first_round(iif, v), len(iif) + 1) for v in levels]
+    se = [1 - mi / first_round(std, v) for mi, v in zip(m_iif, levels)]
+    t_std = np.cumsum([r["t_optim"] for r in std_rows])
+    t_iif = np.cumsum([r["t_influence"] + r["t_optim"] for r in iif_rows])
+    m_std_peak, m_iif_peak = first_round(std, levels[-1]), m_iif[-1]
+    t_iif_peak = t_iif[m_iif_peak - 1] if m_iif_peak <= len(iif) else t_iif[-1]
+    return dict(se_ave=float(np.mean(se)), se_peak=se[-1], rt_peak=1 - t_iif_peak / t_std[m_std_peak - 1],
+                n_levels=len(levels), n_unreached=sum(mi > len(iif) for mi in m_iif))
+
+
+def cmd_efficiency(args):
+    print("| env | seeds | SE_ave | SE_peak | RT_peak | levels (not reached by IIF) |")
+    print("|---|---|---|---|---|---|")
+    breakdown = []
+    for env_id in args.env:
+        runs = load_runs(args.runs, env_id)
+        seeds = sorted(set(runs["none"]) & set(runs[args.label]))
+        res = [efficiency(runs["none"][s], runs[args.label][s]) for s in seeds]
+        cell = {key: f"{100 * np.mean([r[key] for r in res]):.1f} ± {100 * np.std([r[key] for r in res]):.1f} %"
+                for key in ("se_ave", "se_peak", "rt_peak")}
+        levels = ", ".join(f"{r['n_levels']} ({r['n_unreached']})" for r in res)
+        print(f"| {env_id} | {len(seeds)} | {cell['se_ave']} | {cell['se_peak']} | {cell['rt_peak']} | {levels} |")
+        for label in ("none", args.label):
+            rows = [r for s in seeds for r in runs[label][s]]
+            breakdown.append((env_id, LABELS.get(label, label), *(np.mean([r[k] for r in rows]) for k in
+                              ("t_rollout", "t_influence", "t_optim", "t_eval", "n_kept", "n_updates"))))
+    print("\nPer-round means (seconds; Table 3):\n")
+    print("| env | method | rollout | influence | optimisation | evaluation | records kept | optimizer steps |")
+    print("|---|---|---|---|---|---|---|---|")
+    for env_id, label, *v in breakdown:
+        print(f"| {env_id} | {label} | {v[0]:.2f} | {v[1]:.3f} | {v[2]:.2f} | {v[3]:.2f} | {v[4]:.0f} | {v[5]:.0f} |")
+
+
+# ---- Fig. 6a, Fig. 13: test return over rounds ----
+
+def cmd_curves(args):
+    fig, axes = plt.subplots(1, len(args.env), figsize=(4.5 * len(args.env), 3.4), squeeze=False)
+    for ax, env_id in zip(axes[0], args.env):
+        runs = load_runs(args.runs, env_id)
+        print(f"{env_id}: final test return, mean ± std over seeds")
+        for label in sorted(runs, key=lambda lb: (lb not in LABELS, list(LABELS).index(lb) if lb in LABELS else lb)):
+            if args.labels and label not in args.labels:
+                continue
+            n = min(len(rows) for rows in runs[label].values())
+            curves = np.array([[r["test_return_mean"] for r in rows[:n]] for rows in runs[label].values()])
+            x = np.arange(1, n + 1)
+            mean, std = curves.mean(0), curves.std(0)
+            ax.plot(x, mean, color=COLORS.get(label), label=f"{LABELS.get(label, label)} ({len(curves)} seeds)")
+            ax.fill_between(x, mean - std, mean + std, color=COLORS.get(label), alpha=0.2, linewidth=0)
+            print(f"  {LABELS.get(label, label):>12}: {mean[-1]:.3f} ± {std[-1]:.3f} after {n} rounds")
+        ax.set(title=env_id, xlabel="round", ylabel="test return")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+
+
+# ---- Sec. 4.1, Fig. 3: what bottom records look like, and why ----
+
+def load_round(run_dir, k):
+    path = os.path.join(run_dir, "rounds", f"round_{k:04d}.pt")
+    if not os.path.exists(path):
+        raise SystemExit(f"analysis.py: error: {path} not found: make the run with iif.py --save-rounds")
+    return torch.load(path)
+
+
+def load_config(run_dir):
+    with open(os.path.join(run_dir, "config.json")) as f:
+        return json.load(f)
+
+
+def raw_advantages(b):
+    """The GAE estimate A_hat before normalisation (returns = A_hat + V)."""
+    return (b["returns"] - b["values"]).numpy()
+
+
+FROZENLAKE_ARROWS = {0: (-1, 0), 1: (0, 1), 2: (1, 0), 3: (0, -1)}  # left, down, right, up; y grows downwards
+
+
+def draw_frozenlake(ax, desc, states, actions, adv, title):
+    """Bottom records aggregated per (s, a) on the map: an arrow per action, green for A_hat > 0 and
+    red for A_hat < 0 (the sign held by most of the pair's records), width by record count."""
+    n = len(desc)
+    colors = {b"S": "#dde8f0", b"F": "#dde8f0", b"H": "#335", b"G": "#f3c94b"}
+    for y in range(n):
+        for x in range(n):
+            ax.add_patch(plt.Rectangle((x, y), 1, 1, facecolor=colors[desc[y][x]], edgecolor="white"))
+            ax.text(x + 0.06, y + 0.2, desc[y][x].decode(), fontsize=7, color="gray")
+    pairs = defaultdict(list)
+    for s, a, A in zip(states, actions, adv):
+        pairs[(int(s), int(a))].append(A)
+    most = max(len(advs) for advs in pairs.values())
+    for (s, a), advs in pairs.items():
+        y, x = divmod(s, n)
+        dx, dy = FROZENLAKE_ARROWS[a]
+        color = "tab:green" if np.mean(np.sign(advs)) > 0 else "tab:red"
+        width = 0.02 + 0.08 * np.sqrt(len(advs) / most)
+        ax.arrow(x + 0.5 + 0.1 * dx, y + 0.5 + 0.1 * dy, 0.25 * dx, 0.25 * dy, width=width, head_width=2.2 * width,
+                 head_length=0.12, color=color, length_includes_head=True)
+        ax.text(x + 0.5 + 0.42 * dx, y + 0.5 + 0.42 * dy, str(len(advs)), fontsize=6, ha="center", va="center")
+    ax.set(xlim=(0, n), ylim=(n, 0), title=title, aspect="equal")
+    ax.axis("off")
+    return pairs
+
+
+MINIGRID_COLORS = {0: "#222", 1: "#eee", 2: "#888", 8: "#3a3"}  # unseen, empty, wall, goal; others grey-blue
+
+
+def draw_minigrid_view(ax, obs, action, adv, score):
+    """The agent's 7x7 egocentric view (the agent at the bottom centre, facing up) and its action."""
+    objects = obs[..., 0].T  # MiniGrid images are indexed [x, y]
+    rgb = np.array([[matplotlib.colors.to_rgb(MINIGRID_COLORS.get(int(o), "#89a")) for o in row] for row in objects])
+    ax.imshow(rgb)
+    ax.plot(3, 6, marker="^", color="tab:red", markersize=9)
+    ax.set_title(f"{['turn left', 'turn right', 'forward', 'pickup', 'drop', 'toggle', 'done'][int(action)]}\n"
+                 f"A_hat {adv:+.2f}, I {score:.1e}", fontsize=7)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def cmd_bottom_records(args):
+    config = load_config(args.run)
+    rounds = [load_round(args.run, k) for k in args.rounds]
+    if config["env_id"].startswith("FrozenLake"):
+        import gymnasium as gym
+        desc = gym.make(config["env_id"], **config["env_kwargs"]).unwrapped.desc.tolist()
+        fig, axes = plt.subplots(1, len(rounds), figsize=(3.2 * len(rounds), 3.6), squeeze=False)
+        for ax, k, b in zip(axes[0], args.rounds, rounds):
+            bottom = torch.argsort(b["influence"], stable=True)[:args.n].numpy()
+            states, actions = b["obs"].argmax(1).numpy()[bottom], b["actions"].numpy()[bottom]
+            adv = raw_advantages(b)[bottom]
+            pairs = draw_frozenlake(ax, desc, states, actions, adv, f"bottom {args.n} records, k = {k}")
+            print(f"round {k}: bottom {args.n} records by (state, action): count, share with A_hat > 0, mean A_hat")
+            for (s, a), advs in sorted(pairs.items(), key=lambda kv: -len(kv[1])):
+                print(f"  s={s:2d} a={'LDRU'[a]}  {len(advs):3d}  {np.mean(np.array(advs) > 0):.2f}  "
+                      f"{np.mean(advs):+.3f}")
+    elif config["env_id"].startswith("MiniGrid"):
+        fig, axes = plt.subplots(len(rounds), args.n, figsize=(1.6 * args.n, 2.0 * len(rounds)), squeeze=False)
+        for row, k, b in zip(axes, args.rounds, rounds):
+            bottom = torch.argsort(b["influence"], stable=True)[:args.n].numpy()
+            adv = raw_advantages(b)
+            print(f"round {k}: bottom {args.n} records (action, A_hat, influence)")
+            for ax, i in zip(row, bottom):
+                draw_minigrid_view(ax, b["obs"][i].numpy(), b["actions"][i], adv[i], b["influence"][i].item())
+                print(f"  record {i:4d}: action {int(b['actions'][i])}  A_hat {adv[i]:+.3f}  I {b['influence'][i]:.3e}")
+            row[0].set_ylabel(f"k = {k}")
+    else:
+        raise SystemExit("analysis.py: error: bottom-records draws FrozenLake and MiniGrid runs")
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=130)
+    print(f"wrote {args.out}")
+
+
+def mc_advantage(states, actions, rewards, dones, gamma):
+    """Monte-Carlo advantage from the buffer itself (Sec. 4.1, for small discrete envs): A_mc(s, a) =
+    mean discounted return after the visits of (s, a) - mean after the visits of s. Records of the
+    episode still running at the end of the buffer have no complete return and get nan."""
+    n = len(rewards)
+    returns = np.full(n, np.nan)
+    g, complete = 0.0, False
+    for t in reversed(range(n)):
+        if dones[t]:
+            g, complete = 0.0, True
+        g = rewards[t] + gamma * g
+        returns[t] = g if complete else np.nan
+    ok = ~np.isnan(returns)
+    q, v = defaultdict(list), defaultdict(list)
+    for s, a, g in zip(states[ok], actions[ok], returns[ok]):
+        q[(s, a)].append(g)
+        v[s].append(g)
+    return np.array([np.mean(q[(s, a)]) - np.mean(v[s]) if ok_t else np.nan
+                     for s, a, ok_t in zip(states, actions, ok)])
+
+
+def rankdata(x):
+    """Ranks from 1, ties sharing their average rank."""
+    order = np.argsort(x, kind="stable")
+    ranks = np.empty(len(x))
+    sorted_x = x[order]
+    i = 0
+    while i < len(x):
+        j = i
+        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
+            j += 1
+        ranks[order[i:j + 1]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(x, y):
+    return float(np.corrcoef(rankdata(x), rankdata(y))[0, 1])
+
+
+def cmd_advantage_diagnosis(args):
+    config = load_config(args.run)
+    if not config["env_id"].startswith("FrozenLake"):
+        raise SystemExit("analysis.py: error: the buffer's Monte-Carlo advantage needs a FrozenLake run")
+    b = load_round(args.run, args.round)
+    states, actions = b["obs"].argmax(1).numpy(), b["actions"].numpy()
+    a_mc = mc_advantage(states, actions, b["rewards"].numpy(), b["dones"].numpy(), config["gamma"])
+    a_hat, score = raw_advantages(b), b["influence"].numpy()
+    ok = ~np.isnan(a_mc)
+    a_mc, a_hat, score = a_mc[ok], a_hat[ok], score[ok]
+    order = np.argsort(-score, kind="stable")  # decreasing influence: rank 0 is the top record
+    agree = np.sign(a_mc[order]) == np.sign(a_hat[order])
+    n, q = len(order), len(order) // 5
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    rank = np.arange(n)
+    for ax in (ax1, ax2):
+        ax.axvspan(0, q, color="tab:green", alpha=0.1, label="top 20 %")
+        ax.axvspan(n - q, n, color="tab:red", alpha=0.1, label="bottom 20 %")
+    err = np.abs(a_mc - a_hat)[order]
+    ax1.scatter(rank[agree], err[agree], s=3, color="tab:blue", label="signs agree")
+    ax1.scatter(rank[~agree], err[~agree], s=3, color="tab:red", label="signs differ")
+    ax1.set(xlabel="record (sorted by decreasing influence)", ylabel="|A_mc - A_hat|", title=f"k = {args.round}")
+    ax1.legend(fontsize=7)
+    ax2.scatter(rank, (a_mc * a_hat)[order], s=3, color="tab:purple")
+    ax2.axhline(0, color="black", linewidth=0.5)
+    rho = spearman(score, a_mc * a_hat)
+    rho_rank = spearman(rank, (a_mc * a_hat)[order])  # the paper's Fig. 3d: against the rank, top record first
+    ax2.set(xlabel="record (sorted by decreasing influence)", ylabel="A_mc * A_hat",
+            title=f"Spearman with the record rank: {rho_rank:.2f}")
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=130)
+    print(f"round {args.round}: {n} records with a complete episode return")
+    print("| records | sign mismatch | mean abs(A_mc - A_hat) | mean A_mc * A_hat |")
+    print("|---|---|---|---|")
+    for name, sl in (("top 20 %", slice(0, q)), ("all", slice(0, n)), ("bottom 20 %", slice(n - q, n))):
+        prod = (a_mc * a_hat)[order][sl]
+        print(f"| {name} | {np.mean(~agree[sl]):.2f} | {err[sl].mean():.3f} | {prod.mean():+.4f} |")
+    print(f"Spearman correlation of A_mc * A_hat with the record rank (top first, Fig. 3d): {rho_rank:.3f}; "
+          f"with the influence itself: {rho:.3f}")
+    print(f"wrote {args.out}")
+
+
+# ---- Sec. 4.2, Fig. 4, 9: behaviour formation ----
+
+def roughness(emb, scores, u):
+    """Roughness (normalised Dirichlet energy, App. C.2) of the L-inf normalised scores on a similarity
+    graph of the records: Gaussian weights exp(-|e_i - e_j|^2 / sigma^2), sigma the median pairwise
+    distance, each record joined to its u nearest neighbours (the union of both directions)."""
+    s = scores / np.abs(scores).max()
+    d2 = ((emb[:, None, :] - emb[None, :, :]) ** 2).sum(-1)
+    off = ~np.eye(len(s), dtype=bool)
+    w = np.exp(-d2 / np.median(d2[off]))
+    near = np.argsort(np.where(off, d2, np.inf), axis=1, kind="stable")[:, :u]
+    mask = np.zeros_like(off)
+    mask[np.repeat(np.arange(len(s)), near.shape[1]), near.ravel()] = True
+    w = np.where(mask | mask.T, w, 0.0)
+    return float((w * (s[:, None] - s[None, :]) ** 2).sum() / w.sum())
+
+
+def agent_for(config, state_dict):
+    env = iif.make_env(config["env_id"], config["env_kwargs"])()
+    agent = iif.Agent(env.observation_space, env.action_space)
+    env.close()
+    agent.load_state_dict(state_dict)
+    return agent
+
+
+def embed(agent, obs):
+    """Records as the network sees them: the policy's last hidden layer."""
+    with torch.no_grad():
+        return agent.actor[:-1](agent.features(obs)).numpy()
+
+
+def cmd_behavior_formation(args):
+    config = load_config(args.run)
+    cfg = argparse.Namespace(**config)
+    rounds = sorted(int(f[6:10]) for f in os.listdir(os.path.join(args.run, "rounds")))
+    final = agent_for(config, torch.load(os.path.join(args.run, "agent.pt")))
+    first = agent_for(config, load_round(args.run, rounds[0])["state_dict"])
+    k_pick, i_pick = args.record if args.record else (rounds[-1], None)
+    b_pick = load_round(args.run, k_pick)
+    if i_pick is None:  # the behaviour that formed most: log pi(a|s) rose most from the first to the final network
+        with torch.no_grad():
+            rise = final(b_pick["obs"], b_pick["actions"], critic=False)[0] - first(b_pick["obs"], b_pick["actions"],
+                                                                                    critic=False)[0]
+        i_pick = int(rise.argmax())
+    s_star, a_star = b_pick["obs"][i_pick:i_pick + 1], b_pick["actions"][i_pick:i_pick + 1]
+    print(f"target: record {i_pick} of round {k_pick}: action {a_star.tolist()} in state {s_star.flatten().tolist()}")
+    print("| round | pi(a*|s*) | positive-influence records | roughness |")
+    print("|---|---|---|---|")
+    pis, rough = [], []
+    for k in rounds:
+        b = load_round(args.run, k)
+        agent = agent_for(config, b["state_dict"])
+        with torch.no_grad():
+            pis.append(agent(s_star, a_star, critic=False)[0].exp().item())
+        scores = iif.influence(agent, b, torch.arange(len(b["advantages"])), (s_star, a_star, torch.ones(1)), cfg)
+        top = torch.nonzero(scores > 0).flatten()
+        rough.append(roughness(embed(final, b["obs"][top]), scores[top].numpy(), args.neighbours)
+                     if len(top) > args.neighbours else float("nan"))
+        print(f"| {k} | {pis[-1]:.3f} | {len(top)} | {rough[-1]:.4f} |")
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    ax.plot(rounds, pis, color="black", label="pi(a*|s*)")
+    ax.set(xlabel="round", ylabel="pi(a*|s*)", title=f"{config['env_id']}: behaviour formation")
+    ax2 = ax.twinx()
+    ax2.plot(rounds, rough, color="tab:red", label="roughness of top records")
+    ax2.set_ylabel("roughness", color="tab:red")
+    for edge in args.phases or []:
+        ax.axvline(edge, color="gray", linestyle="--", linewidth=0.8)
+    fig.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=130)
+    print(f"wrote {args.out}")
+
+
+# ---- Sec. 4.3, Fig. 5, 10: single-round intervention ----
+
+def retrain_and_test(config, b, kept, seed, eval_envs, episodes):
+    """Retrain from theta(k) on the kept records of B(k) (a fresh optimizer, as SGD has no state) and test."""
+    cfg = argparse.Namespace(**config)
+    agent = agent_for(config, b["state_dict"])
+    if cfg.optimizer == "sgd":
+        optimizer = torch.optim.SGD(agent.parameters(), lr=cfg.learning_rate)
+    else:
+        optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    torch.manual_seed(seed)
+    iif.ppo_update(agent, optimizer, b, torch.nonzero(kept).flatten(), cfg, np.random.default_rng(seed))
+    return iif.evaluate(agent, eval_envs, episodes, seed + 10_000)[0]
+
+
+def cmd_intervention(args):
+    deltas = defaultdict(lambda: defaultdict(list))  # round -> method -> [delta return]
+    for run in args.run:
+        config = load_config(run)
+        eval_envs = iif.make_vec(argparse.Namespace(**{**config, "async_envs": False}), min(16, args.episodes))
+        rounds = sorted(int(f[6:10]) for f in os.listdir(os.path.join(run, "rounds")))[::args.every]
+        for k in rounds:
+            b = load_round(run, k)
+            scores = b["influence"]
+            full = torch.ones(len(scores), dtype=torch.bool)
+            no_negative = scores >= 0
+            random_drop, _ = iif.filter_records(scores, "random", 1.0, torch.Generator().manual_seed(k))
+            base = retrain_and_test(config, b, full, k, eval_envs, args.episodes)
+            deltas[k]["IIF"].append(retrain_and_test(config, b, no_negative, k, eval_envs, args.episodes) - base)
+            deltas[k]["Random"].append(retrain_and_test(config, b, random_drop, k, eval_envs, args.episodes) - base)
+        eval_envs.close()
+    rounds = sorted(deltas)
+    print("| round | runs | mean delta return, negatives dropped | mean delta return, random drop |")
+    print("|---|---|---|---|")
+    for k in rounds:
+        d = deltas[k]
+        print(f"| {k} | {len(d['IIF'])} | {np.mean(d['IIF']):+.3f} | {np.mean(d['Random']):+.3f} |")
+    all_iif = np.concatenate([deltas[k]["IIF"] for k in rounds])
+    all_rand = np.concatenate([deltas[k]["Random"] for k in rounds])
+    print(f"over all rounds and runs: negatives dropped {all_iif.mean():+.3f} (better in {np.mean(all_iif > 0):.0%}), "
+          f"random drop {all_rand.mean():+.3f} (better in {np.mean(all_rand > 0):.0%})")
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.5 * len(rounds)), 3.4))
+    for offset, method, color in ((-0.18, "IIF", "tab:red"), (0.18, "Random", "tab:gray")):
+        ax.boxplot([deltas[k][method] for k in rounds], positions=np.arange(len(rounds)) + offset, widths=0.3,
+                   patch_artist=True, boxprops=dict(facecolor=color, alpha=0.5), medianprops=dict(color="black"))
+        label = {"IIF": "negatives dropped", "Random": "random drop"}[method]
+        ax.plot([], [], color=color, linewidth=6, alpha=0.5, label=label)
+    ax.axhline(0, color="tab:red", linestyle="--", linewidth=0.8)
+    ax.set_xticks(np.arange(len(rounds)), [str(k) for k in rounds])
+    ax.set(xlabel="round", ylabel="delta test return", title=f"{config['env_id']}: single-round intervention")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=130)
+    print(f"wrote {args.out}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("curves", help="test return over rounds, mean and std band over seeds (Fig. 6a, 13)")
+    p.add_argument("--runs", default="results/runs", help="folder of <env>__<label>__<seed> runs")
+    p.add_argument("--env", nargs="+", required=True, help="env ids, one panel each")
+    p.add_argument("--labels", nargs="*", help="labels to draw (default: all found)")
+    p.add_argument("--out", default="curves.png", help="PNG to write")
+    p.set_defaults(fn=cmd_curves)
+    p = sub.add_parser("efficiency", help="SE_ave, SE_peak, RT_peak and the runtime breakdown (Fig. 6b, Table 3)")
+    p.add_argument("--runs", default="results/runs", help="folder of <env>__<label>__<seed> runs")
+    p.add_argument("--env", nargs="+", required=True, help="env ids")
+    p.add_argument("--label", default="influence", help="label compared with standard PPO ('none')")
+    p.set_defaults(fn=cmd_efficiency)
+    p = sub.add_parser("bottom-records", help="bottom records of FrozenLake (map) or MiniGrid (views) (Fig. 3a-b, 8)")
+    p.add_argument("--run", required=True, help="an iif.py run made with --save-rounds")
+    p.add_argument("--rounds", type=int, nargs="+", default=[2, 5, 10], help="rounds k to draw")
+    p.add_argument("--n", type=int, default=100, help="how many bottom records (FrozenLake; MiniGrid: views a row)")
+    p.add_argument("--out", default="bottom_records.png", help="PNG to write")
+    p.set_defaults(fn=cmd_bottom_records)
+    p = sub.add_parser("advantage-diagnosis", help="influence against Monte-Carlo advantage errors (Fig. 3c-d)")
+    p.add_argument("--run", required=True, help="a FrozenLake iif.py run made with --save-rounds")
+    p.add_argument("--round", type=int, default=5, help="round k")
+    p.add_argument("--out", default="advantage_diagnosis.png", help="PNG to write")
+    p.set_defaults(fn=cmd_advantage_diagnosis)
+    p = sub.add_parser("behavior-formation", help="pi(a*|s*) and the roughness of its top records (Fig. 4, 9)")
+    p.add_argument("--run", required=True, help="an iif.py run made with --save-rounds")
+    p.add_argument("--record", type=int, nargs=2, metavar=("ROUND", "INDEX"),
+                   help="(s*, a*) = this record of this round (default: the final buffer's record whose "
+                        "log pi(a|s) rose most from the first to the final network)")
+    p.add_argument("--neighbours", type=int, default=50, help="u of the u-nearest-neighbour graph")
+    p.add_argument("--phases", type=float, nargs="*", help="rounds at which to draw phase boundaries")
+    p.add_argument("--out", default="behavior_formation.png", help="PNG to write")
+    p.set_defaults(fn=cmd_behavior_formation)
+    p = sub.add_parser("intervention", help="retrain one round without its negative records (Fig. 5, 10)")
+    p.add_argument("--run", nargs="+", required=True, help="standard iif.py runs made with --save-rounds (seeds)")
+    p.add_argument("--every", type=int, default=1, help="use every n-th saved round")
+    p.add_argument("--episodes", type=int, default=100, help="test episodes per retrained policy")
+    p.add_argument("--out", default="intervention.png", help="PNG to write")
+    p.set_defaults(fn=cmd_intervention)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.distributions.Distribution.set_default_validate_args(False)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""analysis.py: metrics against hand-computed examples, and every subcommand on tiny runs."""
+import math
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import analysis
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--num-steps", "256", "--minibatch-size", "64", "--update-epochs", "2", "--eval-episodes", "8"]
+
+
+def rows(returns, t_optim=1.0, t_influence=0.0):
+    return [dict(test_return_mean=r, t_optim=t_optim, t_influence=t_influence) for r in returns]
+
+
+def test_first_round_and_record_levels():
+    assert analysis.first_round([0.1, 0.5, 0.4, 0.9], 0.45) == 2
+    assert analysis.first_round([0.1, 0.5], 0.6) == math.inf
+    assert analysis.record_levels([0.2, 0.1, 0.5, 0.5, 0.4, 0.8]) == [0.2, 0.5, 0.8]
+
+
+def test_efficiency_by_hand():
+    std = rows([0.0, 0.2, 0.2, 0.5, 0.5, 1.0])  # levels 0, .2, .5, 1 reached after 1, 2, 4, 6 rounds
+    iif = rows([0.0, 0.5, 0.6, 1.0, 1.0, 1.0], t_optim=0.5, t_influence=0.1)  # after 1, 2, 2, 4 rounds
+    e = analysis.efficiency(std, iif)
+    assert e["n_levels"] == 4 and e["n_unreached"] == 0
+    assert e["se_ave"] == pytest.approx(np.mean([0, 0, 1 - 2 / 4, 1 - 4 / 6]))
+    assert e["se_peak"] == pytest.approx(1 - 4 / 6)
+    # runtime to the peak: IIF 4 rounds x (0.5 + 0.1) s against standard 6 rounds x 1 s (no influence)
+    assert e["rt_peak"] == pytest.approx(1 - 2.4 / 6)
+
+
+def test_efficiency_with_a_level_iif_never_reaches():
+    std = rows([0.1, 0.3, 0.9])
+    iif = rows([0.3, 0.5, 0.6])  # never reaches 0.9: counted as round 4 (its 3 rounds + 1)
+    e = analysis.efficiency(std, iif)
+    assert e["n_unreached"] == 1
+    assert e["se_ave"] == pytest.approx(np.mean([0, 1 - 1 / 2, 1 - 4 / 3]))
+    assert e["se_peak"] == pytest.approx(1 - 4 / 3)
+    assert e["rt_peak"] == pytest.approx(1 - 3 / 3)  # all of IIF's time against standard's time to its peak
+
+
+def test_roughness_on_a_small_graph():
+    emb = np.array([[0.0], [1.0], [3.0]])
+    scores = np.array([2.0, 1.0, -2.0])  # L-inf normalised: 1, 0.5, -1
+    # squared distances 1, 9, 4; sigma^2 = their median 4; u = 1 joins 0-1 and 1-2 (2's nearest is 1)
+    w01, w12 = np.exp(-1 / 4), np.exp(-4 / 4)
+    expected = 2 * (w01 * 0.5 ** 2 + w12 * 1.5 ** 2) / (2 * (w01 + w12))
+    assert analysis.roughness(emb, scores, 1) == pytest.approx(expected)
+    w02 = np.exp(-9 / 4)  # u = 2: the complete graph
+    full = (w01 * 0.25 + w12 * 2.25 + w02 * 4) / (w01 + w12 + w02)
+    assert analysis.roughness(emb, scores, 2) == pytest.approx(full)
+    assert analysis.roughness(emb, np.ones(3), 2) == 0.0
+
+
+def test_mc_advantage_on_a_deterministic_mdp():
+    # s0 --a0 (r 0)--> s1 --a0 (r 1)--> end;   s0 --a1 (r 0.5)--> end;   gamma 0.9
+    # episodes: [s0 a0, s1 a0], [s0 a1], [s0 a0, s1 a0], [s0 a1], then an unfinished [s0 a0]
+    states = np.array([0, 1, 0, 0, 1, 0, 0])
+    actions = np.array([0, 0, 1, 0, 0, 1, 0])
+    rewards = np.array([0, 1, 0.5, 0, 1, 0.5, 0])
+    dones = np.array([0, 1, 1, 0, 1, 1, 0])
+    a_mc = analysis.mc_advantage(states, actions, rewards, dones, 0.9)
+    q_s0a0, q_s0a1 = 0.9, 0.5  # the true Q of this deterministic MDP
+    v_s0 = (q_s0a0 + q_s0a1) / 2  # the behaviour took each action twice
+    np.testing.assert_allclose(a_mc[:6], [q_s0a0 - v_s0, 0, q_s0a1 - v_s0, q_s0a0 - v_s0, 0, q_s0a1 - v_s0])
+    assert np.isnan(a_mc[6])
+
+
+def test_spearman_with_ties():
+    np.testing.assert_allclose(analysis.rankdata(np.array([3.0, 1.0, 3.0, 2.0])), [3.5, 1, 3.5, 2])
+    assert analysis.spearman(np.arange(5.0), np.arange(5.0) ** 3) == pytest.approx(1.0)
+    assert analysis.spearman(np.arange(5.0), -np.arange(5.0)) == pytest.approx(-1.0)
+
+
+def sh(*cmd):
+    proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def iif_run(runs, name, *flags):
+    sh("iif.py", "--runs-dir", str(runs), "--run-name", name, *flags)
+    return os.path.join(runs, name)
+
+
+@pytest.fixture(scope="module")
+def frozenlake_runs(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    for label in ("influence", "none"):
+        for seed in ("1", "2"):
+            iif_run(runs, f"FrozenLake-v1__{label}__{seed}", "--env-id", "FrozenLake-v1", "--filter-method", label,
+                    "--seed", seed, "--total-timesteps", "1024", *TINY)
+    saved = iif_run(runs / "saved", "fl", "--env-id", "FrozenLake-v1", "--filter-method", "none", "--save-rounds",
+                    "--total-timesteps", "1536", *TINY)
+    return runs, saved
+
+
+def test_curves_and_efficiency_subcommands(frozenlake_runs, tmp_path):
+    runs, _ = frozenlake_runs
+    out = sh("analysis.py", "curves", "--runs", str(runs), "--env", "FrozenLake-v1", "--out", str(tmp_path / "c.png"))
+    assert "IIF" in out and "Standard" in out and (tmp_path / "c.png").stat().st_size > 0
+    out = sh("analysis.py", "efficiency", "--runs", str(runs), "--env", "FrozenLake-v1")
+    assert "| FrozenLake-v1 | 2 |" in out and "SE_ave" in out and "| FrozenLake-v1 | IIF |" in out
+
+
+def test_frozenlake_diagnostics_subcommands(frozenlake_runs, tmp_path):
+    _, saved = frozenlake_runs
+    out = sh("analysis.py", "bottom-records", "--run", saved, "--rounds", "1", "5", "--n", "20",
+             "--out", str(tmp_path / "b.png"))
+    counts = [int(c) for c in re.findall(r"a=[LDRU]\s+(\d+)", out)]
+    assert sum(counts) == 2 * 20 and (tmp_path / "b.png").exists()
+    out = sh("analysis.py", "advantage-diagnosis", "--run", saved, "--round", "3", "--out", str(tmp_path / "a.png"))
+    assert "Spearman" in out and "bottom 20 %" in out and (tmp_path / "a.png").exists()
+    out = sh("analysis.py", "behavior-formation", "--run", saved, "--neighbours", "5", "--out", str(tmp_path / "f.png"))
+    assert out.count("\n| ") == 6 + 1 and (tmp_path / "f.png").exists()  # header row + one per round
+    out = sh("analysis.py", "intervention", "--run", saved, "--every", "2", "--episodes", "4",
+             "--out", str(tmp_path / "i.png"))
+    assert "negatives dropped" in out and (tmp_path / "i.png").exists()
+
+
+def test_minigrid_bottom_records(tmp_path):
+    saved = iif_run(tmp_path, "mg", "--env-id", "MiniGrid-Empty-8x8-v0", "--filter-method", "none", "--save-rounds",
+                    "--total-timesteps", "256", *TINY)
+    out = sh("analysis.py", "bottom-records", "--run", saved, "--rounds", "0", "--n", "4", "--out", str(tmp_path / "m.png"))
+    assert out.count("  record ") == 4 and (tmp_path / "m.png").exists()
