@@ -224,27 +224,6 @@ def cmd_bottom_records(args):
     print(f"wrote {args.out}")
 
 
-def mc_advantage(states, actions, rewards, dones, gamma):
-    """Monte-Carlo advantage from the buffer itself (Sec. 4.1, for small discrete envs): A_mc(s, a) =
-    mean discounted return after the visits of (s, a) - mean after the visits of s. Records of the
-    episode still running at the end of the buffer have no complete return and get nan."""
-    n = len(rewards)
-    returns = np.full(n, np.nan)
-    g, complete = 0.0, False
-    for t in reversed(range(n)):
-        if dones[t]:
-            g, complete = 0.0, True
-        g = rewards[t] + gamma * g
-        returns[t] = g if complete else np.nan
-    ok = ~np.isnan(returns)
-    q, v = defaultdict(list), defaultdict(list)
-    for s, a, g in zip(states[ok], actions[ok], returns[ok]):
-        q[(s, a)].append(g)
-        v[s].append(g)
-    return np.array([np.mean(q[(s, a)]) - np.mean(v[s]) if ok_t else np.nan
-                     for s, a, ok_t in zip(states, actions, ok)])
-
-
 def rankdata(x):
     """Ranks from 1, ties sharing their average rank."""
     order = np.argsort(x, kind="stable")
@@ -270,7 +249,8 @@ def cmd_advantage_diagnosis(args):
         raise SystemExit("analysis.py: error: the buffer's Monte-Carlo advantage needs a FrozenLake run")
     b = load_round(args.run, args.round)
     states, actions = b["obs"].argmax(1).numpy(), b["actions"].numpy()
-    a_mc = mc_advantage(states, actions, b["rewards"].numpy(), b["dones"].numpy(), config["gamma"])
+    a_mc = iif.mc_advantage(*(x.reshape(-1, config["num_envs"]) for x in (states, actions, b["rewards"].numpy(),
+                                                                          b["dones"].numpy())), config["gamma"]).ravel()
     a_hat, score = raw_advantages(b), b["influence"].numpy()
     ok = ~np.isnan(a_mc)
     a_mc, a_hat, score = a_mc[ok], a_hat[ok], score[ok]

@@ -54,8 +54,10 @@ class Args:
     eval_episodes: Optional[int] = None
     """test episodes after every round (None: the preset's)"""
 
-    filter_method: Literal["influence", "random", "none"] = "influence"
-    """influence: IIF; random: drop as many records uniformly at random; none: standard PPO"""
+    filter_method: Literal["influence", "random", "none", "adv-error", "adv-product", "td-weight"] = "influence"
+    """influence: IIF; random: drop as many records uniformly at random; none: standard PPO; baselines of
+    App. C.4 (for discrete observations) adv-error, adv-product: drop records whose Monte-Carlo and GAE
+    advantages disagree in sign; App. C.5 td-weight: sample minibatches by TD-error rank"""
     target: Literal["f_return", "f_action"] = "f_return"
     """target function the influence is measured on (Sec. 3.1)"""
     target_state: Optional[str] = None
@@ -257,33 +259,80 @@ def influence(agent, b, idx, target, args):
     return -dl
 
 
-def filter_records(scores, method, p, gen):
-    """Stage II of Alg. 1: returns (kept mask, n_negative). Drops floor(p * n_negative) records: for
-    'influence' the most negative first, ties broken by buffer order; for 'random' the same number
-    uniformly at random. A buffer with no negative record is kept whole."""
+def mc_advantage(states, actions, rewards, dones, gamma):
+    """Monte-Carlo advantage from the buffer itself (Sec. 4.1, App. C.4; for discrete observations that
+    recur): A_mc(s, a) = mean discounted return after the visits of (s, a) - mean after the visits of s.
+    Arrays are (steps, envs); states hold hashable keys. An episode still running at the end of the
+    buffer has no complete return: its records get nan."""
+    T, N = rewards.shape
+    returns = np.full((T, N), np.nan)
+    for e in range(N):
+        g, complete = 0.0, False
+        for t in reversed(range(T)):
+            if dones[t, e]:
+                g, complete = 0.0, True
+            g = rewards[t, e] + gamma * g
+            returns[t, e] = g if complete else np.nan
+    q, v = {}, {}
+    for s, a, g in zip(states.ravel(), actions.ravel(), returns.ravel()):
+        if not np.isnan(g):
+            q.setdefault((s, a), []).append(g)
+            v.setdefault(s, []).append(g)
+    return np.array([np.mean(q[(s, a)]) - np.mean(v[s]) if (s, a) in q else np.nan
+                     for s, a in zip(states.ravel(), actions.ravel())]).reshape(T, N)
+
+
+def td_sampling_probs(b, gamma, alpha=0.6):
+    """App. C.5 (after prioritised replay): rank records by |TD error| r + gamma V(s') - V(s), priority
+    P_i = 1 / rank(i), sampling probability P_i^alpha / sum_j P_j^alpha."""
+    delta = b["rewards"] + gamma * b["next_values"] * (1 - b["terminations"]) - b["values"]
+    rank = torch.empty(len(delta))
+    rank[torch.argsort(delta.abs(), descending=True, stable=True)] = torch.arange(1.0, len(delta) + 1)
+    w = rank.double() ** -alpha
+    return (w / w.sum()).numpy()
+
+
+def filter_records(scores, method, p, gen, a_mc=None, a_hat=None):
+    """Stage II of Alg. 1: returns (kept mask, n_negative). Drops floor(p * n_candidates) records.
+    'influence': the candidates are the negative records, most negative first, ties broken by buffer
+    order (a buffer with no negative record is kept whole); 'random': as many as 'influence' drops,
+    uniformly at random. App. C.4: the candidates are the records whose Monte-Carlo advantage a_mc and
+    estimate a_hat disagree in sign, largest |a_mc - a_hat| first ('adv-error') or most negative
+    a_mc * a_hat first ('adv-product'). 'none' and 'td-weight' drop nothing."""
     n_neg = int((scores < 0).sum())
-    n_drop = 0 if method == "none" else math.floor(p * n_neg + 1e-9)  # 1e-9: 0.29 * 100 = 28.99999...
-    order = torch.argsort(scores, stable=True) if method == "influence" else torch.randperm(len(scores), generator=gen)
+    n_cand = n_neg
+    if method == "influence":
+        order = torch.argsort(scores, stable=True)
+    elif method in ("adv-error", "adv-product"):
+        mismatch = a_mc * a_hat < 0  # False where a_mc is nan
+        badness = (a_mc - a_hat).abs() if method == "adv-error" else -a_mc * a_hat
+        order = torch.argsort(torch.where(mismatch, badness, -torch.inf), descending=True, stable=True)
+        n_cand = int(mismatch.sum())
+    else:
+        order = torch.randperm(len(scores), generator=gen)
+    n_drop = 0 if method in ("none", "td-weight") else math.floor(p * n_cand + 1e-9)  # 1e-9: 0.29 * 100 = 28.999..
     kept = torch.ones(len(scores), dtype=torch.bool)
     kept[order[:n_drop]] = False
     return kept, n_neg
 
 
-def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None):
+def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=None):
     """Stage III of Alg. 1: the usual PPO epochs, over the kept records only. Minibatches keep their
     size; when it does not divide the kept count, each epoch's (reshuffled) remainder is skipped, as
     in the authors' code, so a filtered round takes fewer optimizer steps. With a target, also
-    returns the TracIn influence of Sec. 3.1, summed over every step whose minibatch holds the record."""
+    returns the TracIn influence of Sec. 3.1, summed over every step whose minibatch holds the record.
+    With sample_p (App. C.5), each epoch draws its records with these probabilities, with replacement."""
     mbs = args.minibatch_size
     tracin = torch.zeros(len(b["advantages"]), dtype=b["advantages"].dtype) if target is not None else None
     n_updates, t_tracin = 0, 0.0
     for epoch in range(args.update_epochs):
-        perm = kept_idx[torch.as_tensor(rng.permutation(len(kept_idx)))]
+        perm = kept_idx[torch.as_tensor(rng.permutation(len(kept_idx)) if sample_p is None else
+                                        rng.choice(len(kept_idx), size=len(kept_idx), p=sample_p))]
         for start in range(0, len(perm) - mbs + 1, mbs):
             mb_inds = perm[start:start + mbs]
             if tracin is not None:
                 t0 = time.perf_counter()
-                tracin[mb_inds] += influence(agent, b, mb_inds, target, args)
+                tracin.index_add_(0, mb_inds, influence(agent, b, mb_inds, target, args))
                 t_tracin += time.perf_counter() - t0
             loss = ppo_losses(agent, b, mb_inds, args).mean()
             if not torch.isfinite(loss):
@@ -366,6 +415,8 @@ def resolve_args(args):
     if not (isinstance(act_space, gym.spaces.Discrete) or
             (isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1)):
         fail(f"--env-id {args.env_id}: action space {act_space} is not supported (Discrete, or a 1-D Box)")
+    if args.filter_method in ("adv-error", "adv-product") and not isinstance(act_space, gym.spaces.Discrete):
+        fail(f"--filter-method {args.filter_method} needs a Discrete action space (App. C.4)")
     args.target_obs = args.target_act = None
     if args.target == "f_action":
         if args.target_state is None or args.target_action is None:
@@ -466,7 +517,15 @@ def main(args):
         scores = influence(agent, b, torch.arange(args.batch_size), target, args)
         if not torch.isfinite(scores).all():
             fail(f"round {k}: non-finite influence scores; lower --learning-rate")
-        kept, n_negative = filter_records(scores, args.filter_method, args.filter_p, gen)
+        a_mc = a_hat = sample_p = None
+        if args.filter_method in ("adv-error", "adv-product"):  # A_hat: the GAE estimate before normalising
+            keys = np.array([o.tobytes() for o in obs.reshape(T * N, -1)]).reshape(T, N)
+            a_mc = torch.from_numpy(mc_advantage(keys, actions.reshape(T, N, -1)[..., 0], rewards,
+                                                 terminations | truncations, args.gamma).reshape(-1))
+            a_hat = (b["returns"] - b["values"]).double()
+        kept, n_negative = filter_records(scores, args.filter_method, args.filter_p, gen, a_mc, a_hat)
+        if args.filter_method == "td-weight":
+            sample_p = td_sampling_probs(b, args.gamma)
         t_influence = time.perf_counter() - t0
 
         # Stage III (Alg. 1): the PPO update on the kept records
@@ -474,7 +533,7 @@ def main(args):
         theta_k = {key: v.clone() for key, v in agent.state_dict().items()} if args.save_rounds else None
         try:
             n_updates, tracin, t_tracin = ppo_update(agent, optimizer, b, torch.nonzero(kept).squeeze(1), args, rng,
-                                                     target if args.influence_mode == "tracin" else None)
+                                                     target if args.influence_mode == "tracin" else None, sample_p)
         except FloatingPointError as e:
             fail(f"round {k}: {e}; lower --learning-rate, or clip gradients with --max-grad-norm")
         t_optim = time.perf_counter() - t0 - t_tracin

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import analysis
+import iif
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--num-steps", "256", "--minibatch-size", "64", "--update-epochs", "2", "--eval-episodes", "8"]
@@ -65,7 +66,7 @@ def test_mc_advantage_on_a_deterministic_mdp():
     actions = np.array([0, 0, 1, 0, 0, 1, 0])
     rewards = np.array([0, 1, 0.5, 0, 1, 0.5, 0])
     dones = np.array([0, 1, 1, 0, 1, 1, 0])
-    a_mc = analysis.mc_advantage(states, actions, rewards, dones, 0.9)
+    a_mc = iif.mc_advantage(*(x[:, None] for x in (states, actions, rewards, dones)), 0.9)[:, 0]
     q_s0a0, q_s0a1 = 0.9, 0.5  # the true Q of this deterministic MDP
     v_s0 = (q_s0a0 + q_s0a1) / 2  # the behaviour took each action twice
     np.testing.assert_allclose(a_mc[:6], [q_s0a0 - v_s0, 0, q_s0a1 - v_s0, q_s0a0 - v_s0, 0, q_s0a1 - v_s0])

@@ -44,6 +44,15 @@ def test_every_preset_runs_two_rounds(tmp_path, env_id):
     assert "round 1 [2/2]" in proc.stdout
 
 
+@pytest.mark.parametrize("method", ["adv-error", "adv-product", "td-weight"])
+def test_baseline_filters_run(tmp_path, method):
+    run(tmp_path, "--env-id", "FrozenLake-v1", "--filter-method", method, *SHORT)
+    rows = read_metrics(tmp_path)
+    assert len(rows) == 2
+    if method == "td-weight":
+        assert all(r["n_dropped"] == "0" and r["n_updates"] == "4" for r in rows)
+
+
 def test_saved_rounds_hold_theta_k_and_the_scored_buffer(tmp_path):
     run(tmp_path, "--env-id", "FrozenLake-v1", "--save-rounds", "--influence-mode", "tracin", *SHORT)
     r0 = torch.load(tmp_path / "r" / "rounds" / "round_0000.pt")
@@ -92,6 +101,7 @@ def test_f_action_target_from_the_command_line(tmp_path):
     (["--env-id", "FrozenLake-v1", "--target", "f_action", "--target-state", "0", "--target-action", "4"],
      "--target-action"),
     (["--filter-method", "best"], "--filter-method"),
+    (["--env-id", "Pendulum-v1", "--filter-method", "adv-error"], "--filter-method"),
 ])
 def test_bad_flags_fail_early_with_the_flag_named(tmp_path, flags, message):
     proc = run(tmp_path, *flags, check=False)

@@ -213,3 +213,43 @@ def test_gae_with_termination_and_truncation():
     # the truncated step bootstraps from its final observation, the terminated one from nothing
     torch.testing.assert_close(adv[7, 0], rewards[7, 0] + 0.99 * 5.0 - values[7, 0])
     torch.testing.assert_close(adv[3, 0], rewards[3, 0] - values[3, 0])
+
+
+# ---- the baselines of App. C.4 and C.5 ----
+
+def test_advantage_heuristics_drop_sign_mismatches_by_error_or_product():
+    a_mc = torch.tensor([0.5, -0.2, 0.3, float("nan"), -0.4, 0.1], dtype=torch.float64)
+    a_hat = torch.tensor([-0.1, 0.6, 0.2, -1.0, 0.1, -0.9], dtype=torch.float64)
+    # mismatches: 0 (err .6, prod -.05), 1 (err .8, prod -.12), 4 (err .5, prod -.04), 5 (err 1.0, prod -.09)
+    scores = torch.zeros(6)
+    kept, _ = iif.filter_records(scores, "adv-error", 0.5, torch.Generator(), a_mc, a_hat)
+    assert torch.nonzero(~kept).flatten().tolist() == [1, 5]
+    kept, _ = iif.filter_records(scores, "adv-product", 0.5, torch.Generator(), a_mc, a_hat)
+    assert sorted(torch.nonzero(~kept).flatten().tolist()) == [1, 5]
+    kept, _ = iif.filter_records(scores, "adv-product", 0.25, torch.Generator(), a_mc, a_hat)
+    assert torch.nonzero(~kept).flatten().tolist() == [1]  # -0.12 is the most negative product
+    kept, _ = iif.filter_records(scores, "adv-error", 1.0, torch.Generator(), a_mc, a_hat)
+    assert sorted(torch.nonzero(~kept).flatten().tolist()) == [0, 1, 4, 5]  # never the nan or the agreeing ones
+
+
+def test_td_sampling_probabilities_follow_the_rank_of_the_td_error():
+    b = dict(rewards=torch.tensor([1.0, 0.0, 0.0]), values=torch.tensor([0.0, 0.0, 1.0]),
+             next_values=torch.tensor([5.0, 0.1, 0.0]), terminations=torch.tensor([1.0, 0.0, 0.0]))
+    # TD errors: 1 (terminal: no bootstrap), 0.099, -1.0; ties broken by buffer order: ranks 1, 3, 2
+    p = iif.td_sampling_probs(b, 0.99, alpha=0.6)
+    w = np.array([1.0, 3.0 ** -0.6, 2.0 ** -0.6])
+    np.testing.assert_allclose(p, w / w.sum())
+
+
+def test_sampled_minibatches_follow_the_given_probabilities():
+    agent, b = make_agent_and_buffer("mlp", n=16)
+    target = targets(agent, b)["f_return"]
+    p = np.zeros(16)
+    p[[2, 9]] = 0.5
+    _, tracin, _ = iif.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.0), b, torch.arange(16), ARGS,
+                                  np.random.default_rng(0), target, sample_p=p)
+    assert set(torch.nonzero(tracin).flatten().tolist()) == {2, 9}
+    # with lr 0 every step scores at theta(k): the summed TracIn counts each draw of a record
+    snapshot = iif.influence(agent, b, torch.arange(16), target, ARGS)
+    draws = tracin[[2, 9]] / snapshot[[2, 9]]
+    assert torch.allclose(draws, draws.round()) and draws.round().sum().item() == ARGS.update_epochs * 16
