@@ -262,8 +262,8 @@ def influence(agent, b, idx, target, args):
 def mc_advantage(states, actions, rewards, dones, gamma):
     """Monte-Carlo advantage from the buffer itself (Sec. 4.1, App. C.4; for discrete observations that
     recur): A_mc(s, a) = mean discounted return after the visits of (s, a) - mean after the visits of s.
-    Arrays are (steps, envs); states hold hashable keys. An episode still running at the end of the
-    buffer has no complete return: its records get nan."""
+    Arrays are (steps, envs); states hold hashable keys. Only finished episodes' returns count; a
+    pair never seen in a finished episode gets nan."""
     T, N = rewards.shape
     returns = np.full((T, N), np.nan)
     for e in range(N):

@@ -60,17 +60,18 @@ def test_roughness_on_a_small_graph():
 
 
 def test_mc_advantage_on_a_deterministic_mdp():
-    # s0 --a0 (r 0)--> s1 --a0 (r 1)--> end;   s0 --a1 (r 0.5)--> end;   gamma 0.9
-    # episodes: [s0 a0, s1 a0], [s0 a1], [s0 a0, s1 a0], [s0 a1], then an unfinished [s0 a0]
-    states = np.array([0, 1, 0, 0, 1, 0, 0])
-    actions = np.array([0, 0, 1, 0, 0, 1, 0])
-    rewards = np.array([0, 1, 0.5, 0, 1, 0.5, 0])
-    dones = np.array([0, 1, 1, 0, 1, 1, 0])
+    # s0 --a0 (r 0)--> s1 --a0 (r 1)--> end;   s0 --a1 (r 0.5)--> end;   s1 --a1 (r 0)--> end;   gamma 0.9
+    # episodes: [s0 a0, s1 a0], [s0 a1], [s0 a0, s1 a0], [s0 a1], then an unfinished [s0 a0, s1 a1]
+    states = np.array([0, 1, 0, 0, 1, 0, 0, 1])
+    actions = np.array([0, 0, 1, 0, 0, 1, 0, 1])
+    rewards = np.array([0, 1, 0.5, 0, 1, 0.5, 0, 0])
+    dones = np.array([0, 1, 1, 0, 1, 1, 0, 0])
     a_mc = iif.mc_advantage(*(x[:, None] for x in (states, actions, rewards, dones)), 0.9)[:, 0]
     q_s0a0, q_s0a1 = 0.9, 0.5  # the true Q of this deterministic MDP
-    v_s0 = (q_s0a0 + q_s0a1) / 2  # the behaviour took each action twice
-    np.testing.assert_allclose(a_mc[:6], [q_s0a0 - v_s0, 0, q_s0a1 - v_s0, q_s0a0 - v_s0, 0, q_s0a1 - v_s0])
-    assert np.isnan(a_mc[6])
+    v_s0 = (q_s0a0 + q_s0a1) / 2  # the behaviour took each action twice in finished episodes
+    np.testing.assert_allclose(a_mc[:7], [q_s0a0 - v_s0, 0, q_s0a1 - v_s0, q_s0a0 - v_s0, 0, q_s0a1 - v_s0,
+                                          q_s0a0 - v_s0])  # the unfinished s0 a0 takes the pair's estimate
+    assert np.isnan(a_mc[7])  # (s1, a1) has no finished visit
 
 
 def test_spearman_with_ties():
