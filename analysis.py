@@ -84,7 +84,7 @@ def efficiency(std_rows, iif_rows):
 def cmd_efficiency(args):
     print("| env | seeds | SE_ave | SE_peak | RT_peak | levels (not reached by IIF) |")
     print("|---|---|---|---|---|---|")
-    breakdown = []
+    breakdown, at = [], []
     for env_id in args.env:
         runs = load_runs(args.runs, env_id)
         seeds = sorted(set(runs["none"]) & set(runs[args.label]))
@@ -93,10 +93,20 @@ def cmd_efficiency(args):
                 for key in ("se_ave", "se_peak", "rt_peak")}
         levels = ", ".join(f"{r['n_levels']} ({r['n_unreached']})" for r in res)
         print(f"| {env_id} | {len(seeds)} | {cell['se_ave']} | {cell['se_peak']} | {cell['rt_peak']} | {levels} |")
+        for v in args.at or []:
+            m = [(first_round([r["test_return_mean"] for r in runs[args.label][s]], v),
+                  first_round([r["test_return_mean"] for r in runs["none"][s]], v)) for s in seeds]
+            at.append(f"| {env_id} | {v:g} | {', '.join(f'{a} / {b}' for a, b in m)} | "
+                      f"{100 * np.mean([1 - a / b for a, b in m]):.1f} % |")
         for label in ("none", args.label):
             rows = [r for s in seeds for r in runs[label][s]]
             breakdown.append((env_id, LABELS.get(label, label), *(np.mean([r[k] for r in rows]) for k in
                               ("t_rollout", "t_influence", "t_optim", "t_eval", "n_kept", "n_updates"))))
+    if at:
+        print("\nSE at chosen levels v (rounds to reach v, IIF / standard, per seed):\n")
+        print("| env | v | m_IIF / m_std | SE(v) |")
+        print("|---|---|---|---|")
+        print("\n".join(at))
     print("\nPer-round means (seconds; Table 3):\n")
     print("| env | method | rollout | influence | optimisation | evaluation | records kept | optimizer steps |")
     print("|---|---|---|---|---|---|---|---|")
@@ -275,7 +285,7 @@ def cmd_advantage_diagnosis(args):
             title=f"Spearman with the record rank: {rho_rank:.2f}")
     fig.tight_layout()
     fig.savefig(args.out, dpi=130)
-    print(f"round {args.round}: {n} records with a complete episode return")
+    print(f"round {args.round}: {n} records whose (s, a) has a Monte-Carlo estimate")
     print("| records | sign mismatch | mean abs(A_mc - A_hat) | mean A_mc * A_hat |")
     print("|---|---|---|---|")
     for name, sl in (("top 20 %", slice(0, q)), ("all", slice(0, n)), ("bottom 20 %", slice(n - q, n))):
@@ -293,7 +303,8 @@ def roughness(emb, scores, u):
     graph of the records: Gaussian weights exp(-|e_i - e_j|^2 / sigma^2), sigma the median pairwise
     distance, each record joined to its u nearest neighbours (the union of both directions)."""
     s = scores / np.abs(scores).max()
-    d2 = ((emb[:, None, :] - emb[None, :, :]) ** 2).sum(-1)
+    sq = (emb ** 2).sum(1)
+    d2 = np.maximum(sq[:, None] + sq[None, :] - 2 * emb @ emb.T, 0.0)
     off = ~np.eye(len(s), dtype=bool)
     w = np.exp(-d2 / np.median(d2[off]))
     near = np.argsort(np.where(off, d2, np.inf), axis=1, kind="stable")[:, :u]
@@ -428,6 +439,7 @@ def main():
     p.add_argument("--runs", default="results/runs", help="folder of <env>__<label>__<seed> runs")
     p.add_argument("--env", nargs="+", required=True, help="env ids")
     p.add_argument("--label", default="influence", help="label compared with standard PPO ('none')")
+    p.add_argument("--at", type=float, nargs="*", help="also print SE(v) at these test-return levels v")
     p.set_defaults(fn=cmd_efficiency)
     p = sub.add_parser("bottom-records", help="bottom records of FrozenLake (map) or MiniGrid (views) (Fig. 3a-b, 8)")
     p.add_argument("--run", required=True, help="an iif.py run made with --save-rounds")

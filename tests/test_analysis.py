@@ -107,8 +107,9 @@ def test_curves_and_efficiency_subcommands(frozenlake_runs, tmp_path):
     runs, _ = frozenlake_runs
     out = sh("analysis.py", "curves", "--runs", str(runs), "--env", "FrozenLake-v1", "--out", str(tmp_path / "c.png"))
     assert "IIF" in out and "Standard" in out and (tmp_path / "c.png").stat().st_size > 0
-    out = sh("analysis.py", "efficiency", "--runs", str(runs), "--env", "FrozenLake-v1")
+    out = sh("analysis.py", "efficiency", "--runs", str(runs), "--env", "FrozenLake-v1", "--at", "-1")
     assert "| FrozenLake-v1 | 2 |" in out and "SE_ave" in out and "| FrozenLake-v1 | IIF |" in out
+    assert "| FrozenLake-v1 | -1 | 1 / 1, 1 / 1 | 0.0 % |" in out  # every run reaches -1 in its first round
 
 
 def test_frozenlake_diagnostics_subcommands(frozenlake_runs, tmp_path):
@@ -129,5 +130,6 @@ def test_frozenlake_diagnostics_subcommands(frozenlake_runs, tmp_path):
 def test_minigrid_bottom_records(tmp_path):
     saved = iif_run(tmp_path, "mg", "--env-id", "MiniGrid-Empty-8x8-v0", "--filter-method", "none", "--save-rounds",
                     "--total-timesteps", "256", *TINY)
-    out = sh("analysis.py", "bottom-records", "--run", saved, "--rounds", "0", "--n", "4", "--out", str(tmp_path / "m.png"))
+    out = sh("analysis.py", "bottom-records", "--run", saved, "--rounds", "0", "--n", "4",
+             "--out", str(tmp_path / "m.png"))
     assert out.count("  record ") == 4 and (tmp_path / "m.png").exists()

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Every figure and table under results/figures from the runs of results/reproduce.sh and the
+# diagnostics runs (README, "Results"); each command's printout is kept beside its figure.
+# An environment is drawn once all 9 of its runs (IIF, standard, random x 3 seeds) are complete.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+F=results/figures
+D=results/diagnostics
+complete() {  # all of env $1's influence/none/random runs hold every round
+  for m in influence none random; do for s in 1 2 3; do
+    f=results/runs/$1__${m}__$s/metrics.csv
+    [ -f "$f" ] && [ "$(($(wc -l < "$f") - 1))" -ge "$2" ] || return 1
+  done; done
+}
+python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels influence none random --out $F/curves_frozenlake.png > $F/curves_frozenlake.txt
+python analysis.py efficiency --runs results/runs --env FrozenLake-v1 --at 0.5 0.9 0.95 0.99 > $F/efficiency_frozenlake.md
+python analysis.py curves --runs results/runs --env FrozenLake-v1 --out $F/curves_baselines_frozenlake.png > $F/curves_baselines_frozenlake.txt
+python analysis.py bottom-records --run $D/FrozenLake-v1__none__1 --rounds 2 5 10 --out $F/bottom_records_frozenlake.png > $F/bottom_records_frozenlake.txt
+python analysis.py advantage-diagnosis --run $D/FrozenLake-v1__none__1 --round 5 --out $F/advantage_diagnosis_frozenlake.png > $F/advantage_diagnosis_frozenlake.txt
+python analysis.py intervention --run $D/FrozenLake-v1__none__{1,2,3} --every 2 --episodes 1000 --out $F/intervention_frozenlake.png > $F/intervention_frozenlake.txt
+if complete Acrobot-v1 50; then
+  python analysis.py curves --runs results/runs --env Acrobot-v1 --labels influence none random --out $F/curves_acrobot.png > $F/curves_acrobot.txt
+  python analysis.py efficiency --runs results/runs --env Acrobot-v1 --at -400 -300 > $F/efficiency_acrobot.md
+  python analysis.py behavior-formation --run results/runs/Acrobot-v1__none__1 --out $F/behavior_formation_acrobot.png > $F/behavior_formation_acrobot.txt
+  python analysis.py intervention --run results/runs/Acrobot-v1__none__{1,2,3} --every 5 --episodes 100 --out $F/intervention_acrobot.png > $F/intervention_acrobot.txt
+fi
+if complete MiniGrid-Empty-8x8-v0 40; then
+  python analysis.py curves --runs results/runs --env MiniGrid-Empty-8x8-v0 --labels influence none random --out $F/curves_minigrid.png > $F/curves_minigrid.txt
+  python analysis.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --at 0.5 0.9 > $F/efficiency_minigrid.md
+  python analysis.py bottom-records --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 2 5 --n 8 --out $F/bottom_records_minigrid.png > $F/bottom_records_minigrid.txt
+fi
