@@ -28,7 +28,8 @@ import torch  # noqa: E402
 import iif  # noqa: E402
 
 LABELS = {"influence": "IIF", "none": "Standard", "random": "Random"}
-COLORS = {"influence": "tab:red", "none": "tab:blue", "random": "tab:gray"}
+COLORS = {"influence": "tab:red", "none": "tab:blue", "random": "tab:gray", "adv-error": "tab:orange",
+          "adv-product": "tab:purple", "td-weight": "tab:green"}
 
 
 def read_metrics(path):
@@ -82,8 +83,9 @@ def efficiency(std_rows, iif_rows):
 
 
 def cmd_efficiency(args):
-    print("| env | seeds | SE_ave | SE_peak | RT_peak | levels (not reached by IIF) |")
-    print("|---|---|---|---|---|---|")
+    name = LABELS.get(args.label, args.label)
+    print(f"| env | method | seeds | SE_ave | SE_peak | RT_peak | levels (not reached by {name}) |")
+    print("|---|---|---|---|---|---|---|")
     breakdown, at = [], []
     for env_id in args.env:
         runs = load_runs(args.runs, env_id)
@@ -92,20 +94,21 @@ def cmd_efficiency(args):
         cell = {key: f"{100 * np.mean([r[key] for r in res]):.1f} ± {100 * np.std([r[key] for r in res]):.1f} %"
                 for key in ("se_ave", "se_peak", "rt_peak")}
         levels = ", ".join(f"{r['n_levels']} ({r['n_unreached']})" for r in res)
-        print(f"| {env_id} | {len(seeds)} | {cell['se_ave']} | {cell['se_peak']} | {cell['rt_peak']} | {levels} |")
+        print(f"| {env_id} | {name} | {len(seeds)} | {cell['se_ave']} | {cell['se_peak']} | {cell['rt_peak']} "
+              f"| {levels} |")
         for v in args.at or []:
             m = [(first_round([r["test_return_mean"] for r in runs[args.label][s]], v),
                   first_round([r["test_return_mean"] for r in runs["none"][s]], v)) for s in seeds]
-            at.append(f"| {env_id} | {v:g} | {', '.join(f'{a} / {b}' for a, b in m)} | "
+            at.append(f"| {env_id} | {name} | {v:g} | {', '.join(f'{a} / {b}' for a, b in m)} | "
                       f"{100 * np.mean([1 - a / b for a, b in m]):.1f} % |")
         for label in ("none", args.label):
             rows = [r for s in seeds for r in runs[label][s]]
             breakdown.append((env_id, LABELS.get(label, label), *(np.mean([r[k] for r in rows]) for k in
                               ("t_rollout", "t_influence", "t_optim", "t_eval", "n_kept", "n_updates"))))
     if at:
-        print("\nSE at chosen levels v (rounds to reach v, IIF / standard, per seed):\n")
-        print("| env | v | m_IIF / m_std | SE(v) |")
-        print("|---|---|---|---|")
+        print(f"\nSE at chosen levels v (rounds to reach v, {name} / standard, per seed):\n")
+        print("| env | method | v | m / m_std | SE(v) |")
+        print("|---|---|---|---|---|")
         print("\n".join(at))
     print("\nPer-round means (seconds; Table 3):\n")
     print("| env | method | rollout | influence | optimisation | evaluation | records kept | optimizer steps |")

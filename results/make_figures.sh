@@ -15,6 +15,9 @@ complete() {  # all of env $1's influence/none/random runs hold every round
 python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels influence none random --out $F/curves_frozenlake.png > $F/curves_frozenlake.txt
 python analysis.py efficiency --runs results/runs --env FrozenLake-v1 --at 0.5 0.9 0.95 0.99 > $F/efficiency_frozenlake.md
 python analysis.py curves --runs results/runs --env FrozenLake-v1 --out $F/curves_baselines_frozenlake.png > $F/curves_baselines_frozenlake.txt
+for label in random adv-error adv-product td-weight; do
+  python analysis.py efficiency --runs results/runs --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
+done > $F/efficiency_baselines_frozenlake.md
 python analysis.py bottom-records --run $D/FrozenLake-v1__none__1 --rounds 2 5 10 --out $F/bottom_records_frozenlake.png > $F/bottom_records_frozenlake.txt
 python analysis.py advantage-diagnosis --run $D/FrozenLake-v1__none__1 --round 5 --out $F/advantage_diagnosis_frozenlake.png > $F/advantage_diagnosis_frozenlake.txt
 python analysis.py intervention --run $D/FrozenLake-v1__none__{1,2,3} --every 2 --episodes 1000 --out $F/intervention_frozenlake.png > $F/intervention_frozenlake.txt
