@@ -367,7 +367,7 @@ def cmd_behavior_formation(args):
     ax2.set_ylabel("roughness", color="tab:red")
     for edge in args.phases or []:
         ax.axvline(edge, color="gray", linestyle="--", linewidth=0.8)
-    fig.legend(loc="lower right", fontsize=8)
+    fig.legend(loc="upper left", bbox_to_anchor=(0.1, 0.88), fontsize=8)
     fig.tight_layout()
     fig.savefig(args.out, dpi=130)
     print(f"wrote {args.out}")
