@@ -96,11 +96,12 @@ def cmd_efficiency(args):
         levels = ", ".join(f"{r['n_levels']} ({r['n_unreached']})" for r in res)
         print(f"| {env_id} | {name} | {len(seeds)} | {cell['se_ave']} | {cell['se_peak']} | {cell['rt_peak']} "
               f"| {levels} |")
-        for v in args.at or []:
+        for v in args.at or []:  # seeds whose standard run never reaches v have no SE(v)
             m = [(first_round([r["test_return_mean"] for r in runs[args.label][s]], v),
                   first_round([r["test_return_mean"] for r in runs["none"][s]], v)) for s in seeds]
+            se = [1 - min(a, len(runs[args.label][s]) + 1) / b for (a, b), s in zip(m, seeds) if b < math.inf]
             at.append(f"| {env_id} | {name} | {v:g} | {', '.join(f'{a} / {b}' for a, b in m)} | "
-                      f"{100 * np.mean([1 - a / b for a, b in m]):.1f} % |")
+                      + (f"{100 * np.mean(se):.1f} % ({len(se)} of {len(m)} seeds) |" if se else "- |"))
         for label in ("none", args.label):
             rows = [r for s in seeds for r in runs[label][s]]
             breakdown.append((env_id, LABELS.get(label, label), *(np.mean([r[k] for r in rows]) for k in
