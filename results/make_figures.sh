@@ -31,4 +31,8 @@ if complete MiniGrid-Empty-8x8-v0 40; then
   python analysis.py curves --runs results/runs --env MiniGrid-Empty-8x8-v0 --labels influence none random --out $F/curves_minigrid.png > $F/curves_minigrid.txt
   python analysis.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --at 0.5 0.9 > $F/efficiency_minigrid.md
   python analysis.py bottom-records --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 2 5 --n 8 --out $F/bottom_records_minigrid.png > $F/bottom_records_minigrid.txt
+  python analysis.py curves --runs results/runs --env MiniGrid-Empty-8x8-v0 --labels influence none adv-error adv-product --out $F/curves_baselines_minigrid.png > $F/curves_baselines_minigrid.txt
+  for label in adv-error adv-product; do
+    python analysis.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --label $label --at 0.5
+  done > $F/efficiency_baselines_minigrid.md
 fi
