@@ -21,9 +21,13 @@ done > $F/efficiency_baselines_frozenlake.md
 python analysis.py bottom-records --run $D/FrozenLake-v1__none__1 --rounds 2 5 10 --out $F/bottom_records_frozenlake.png > $F/bottom_records_frozenlake.txt
 python analysis.py advantage-diagnosis --run $D/FrozenLake-v1__none__1 --round 5 --out $F/advantage_diagnosis_frozenlake.png > $F/advantage_diagnosis_frozenlake.txt
 python analysis.py intervention --run $D/FrozenLake-v1__none__{1,2,3} --every 2 --episodes 1000 --out $F/intervention_frozenlake.png > $F/intervention_frozenlake.txt
+python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels none p1 influence p0.25 p0.125 p0.0625 --out $F/curves_p_frozenlake.png > $F/curves_p_frozenlake.txt
+for label in p1 influence p0.25 p0.125 p0.0625; do
+  python analysis.py efficiency --runs results/runs --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
+done > $F/efficiency_p_frozenlake.md
 if complete Acrobot-v1 50; then
   python analysis.py curves --runs results/runs --env Acrobot-v1 --labels influence none random --out $F/curves_acrobot.png > $F/curves_acrobot.txt
-  python analysis.py efficiency --runs results/runs --env Acrobot-v1 --at -400 -300 > $F/efficiency_acrobot.md
+  python analysis.py efficiency --runs results/runs --env Acrobot-v1 --at -400 -300 -250 > $F/efficiency_acrobot.md
   python analysis.py behavior-formation --run results/runs/Acrobot-v1__none__1 --out $F/behavior_formation_acrobot.png > $F/behavior_formation_acrobot.txt
   python analysis.py intervention --run results/runs/Acrobot-v1__none__{1,2,3} --every 5 --episodes 100 --out $F/intervention_acrobot.png > $F/intervention_acrobot.txt
 fi
