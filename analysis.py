@@ -125,15 +125,17 @@ def cmd_curves(args):
     for ax, env_id in zip(axes[0], args.env):
         runs = load_runs(args.runs, env_id)
         print(f"{env_id}: final test return, mean ± std over seeds")
-        for label in sorted(runs, key=lambda lb: (lb not in LABELS, list(LABELS).index(lb) if lb in LABELS else lb)):
-            if args.labels and label not in args.labels:
-                continue
+        labels = [lb for lb in sorted(runs, key=lambda lb: (lb not in LABELS, list(LABELS).index(lb) if lb in LABELS
+                                                          else lb)) if not args.labels or lb in args.labels]
+        others = iter(["tab:olive", "tab:cyan", "tab:brown", "tab:pink", "black", "tab:purple", "tab:green"])
+        colors = {lb: COLORS[lb] if lb in COLORS else next(others, None) for lb in labels}
+        for label in labels:
             n = min(len(rows) for rows in runs[label].values())
             curves = np.array([[r["test_return_mean"] for r in rows[:n]] for rows in runs[label].values()])
             x = np.arange(1, n + 1)
             mean, std = curves.mean(0), curves.std(0)
-            ax.plot(x, mean, color=COLORS.get(label), label=f"{LABELS.get(label, label)} ({len(curves)} seeds)")
-            ax.fill_between(x, mean - std, mean + std, color=COLORS.get(label), alpha=0.2, linewidth=0)
+            ax.plot(x, mean, color=colors[label], label=f"{LABELS.get(label, label)} ({len(curves)} seeds)")
+            ax.fill_between(x, mean - std, mean + std, color=colors[label], alpha=0.2, linewidth=0)
             print(f"  {LABELS.get(label, label):>12}: {mean[-1]:.3f} ± {std[-1]:.3f} after {n} rounds")
         ax.set(title=env_id, xlabel="round", ylabel="test return")
         ax.legend(fontsize=8)

@@ -14,7 +14,7 @@ complete() {  # all of env $1's influence/none/random runs hold every round
 }
 python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels influence none random --out $F/curves_frozenlake.png > $F/curves_frozenlake.txt
 python analysis.py efficiency --runs results/runs --env FrozenLake-v1 --at 0.5 0.9 0.95 0.99 > $F/efficiency_frozenlake.md
-python analysis.py curves --runs results/runs --env FrozenLake-v1 --out $F/curves_baselines_frozenlake.png > $F/curves_baselines_frozenlake.txt
+python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels influence none random adv-error adv-product td-weight --out $F/curves_baselines_frozenlake.png > $F/curves_baselines_frozenlake.txt
 for label in random adv-error adv-product td-weight; do
   python analysis.py efficiency --runs results/runs --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
 done > $F/efficiency_baselines_frozenlake.md
