@@ -382,10 +382,7 @@ def retrain_and_test(config, b, kept, seed, eval_envs, episodes):
     """Retrain from theta(k) on the kept records of B(k) (a fresh optimizer, as SGD has no state) and test."""
     cfg = argparse.Namespace(**config)
     agent = agent_for(config, b["state_dict"])
-    if cfg.optimizer == "sgd":
-        optimizer = torch.optim.SGD(agent.parameters(), lr=cfg.learning_rate)
-    else:
-        optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    optimizer = iif.make_optimizer(agent, cfg)
     torch.manual_seed(seed)
     iif.ppo_update(agent, optimizer, b, torch.nonzero(kept).flatten(), cfg, np.random.default_rng(seed))
     return iif.evaluate(agent, eval_envs, episodes, seed + 10_000)[0]

@@ -308,9 +308,11 @@ def filter_records(scores, method, p, gen, a_mc=None, a_hat=None):
         badness = (a_mc - a_hat).abs() if method == "adv-error" else -a_mc * a_hat
         order = torch.argsort(torch.where(mismatch, badness, -torch.inf), descending=True, stable=True)
         n_cand = int(mismatch.sum())
-    else:
+    elif method == "random":
         order = torch.randperm(len(scores), generator=gen)
-    n_drop = 0 if method in ("none", "td-weight") else math.floor(p * n_cand + 1e-9)  # 1e-9: 0.29 * 100 = 28.999..
+    else:  # none, td-weight
+        return torch.ones(len(scores), dtype=torch.bool), n_neg
+    n_drop = math.floor(p * n_cand + 1e-9)  # 1e-9: 0.29 * 100 = 28.999..
     kept = torch.ones(len(scores), dtype=torch.bool)
     kept[order[:n_drop]] = False
     return kept, n_neg
@@ -344,6 +346,12 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
             optimizer.step()
             n_updates += 1
     return n_updates, tracin, t_tracin
+
+
+def make_optimizer(agent, args):
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(agent.parameters(), lr=args.learning_rate)
+    return torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)  # SB3's eps
 
 
 def env_action(agent, action, act_space):
@@ -458,10 +466,7 @@ def main(args):
     envs, eval_envs = make_vec(args, args.num_envs), make_vec(args, min(args.eval_envs, args.eval_episodes))
     act_space = envs.single_action_space
     agent = Agent(envs.single_observation_space, act_space)
-    if args.optimizer == "sgd":
-        optimizer = torch.optim.SGD(agent.parameters(), lr=args.learning_rate)
-    else:
-        optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)  # SB3's eps
+    optimizer = make_optimizer(agent, args)
     T, N = args.num_steps, args.num_envs
     metrics_file = open(os.path.join(run_dir, "metrics.csv"), "w", newline="")
     writer = csv.DictWriter(metrics_file, fieldnames=METRICS)
