@@ -1,0 +1,567 @@
+"""RLHF with PPO and Iterative Influence-based Filtering (IIF), in one file (Sec. 5.3 of the paper).
+
+The TRL "detoxifying a language model" setup: a causal LM continues toxic prompts, a hate-speech
+classifier scores each continuation, and PPO with a per-token KL penalty to the initial model raises
+the score. A record is one (prompt, continuation) episode. Each round k scores every episode of the
+buffer by its influence on a sequence-level target f_seq, drops the harmful ones and runs PPO on the
+rest (Alg. 1). TRL no longer ships a PPO trainer (its classic PPOTrainer.step ended with TRL 0.11),
+so the PPO step for language models is written out below, following TRL 0.11's.
+
+    python rlhf_iif.py --filter-method influence
+"""
+import contextlib
+import copy
+import csv
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.func import functional_call, jvp
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+@dataclass
+class Args:
+    model_name: str = "EleutherAI/gpt-neo-2.7B"
+    """policy: a causal LM on the hub or a local folder (the frozen reference is its initial state)"""
+    reward_model: str = "facebook/roberta-hate-speech-dynabench-r4-target"
+    """classifier whose --reward-label logit on the continuation alone is the reward"""
+    reward_label: str = "nothate"
+    """label of --reward-model whose raw logit is the reward"""
+    dataset: str = "allenai/real-toxicity-prompts"
+    """prompts: a hub dataset or a local .json/.jsonl file with real-toxicity-prompts' fields
+    (prompt.text, prompt.toxicity, continuation.text)"""
+    seed: int = 1
+    """seed of torch (generation, value head), the prompt split and order, and the random filter"""
+    run_name: Optional[str] = None
+    """results go to <runs-dir>/<run-name>/ (default: rlhf__method__seed__time)"""
+    runs_dir: str = "runs"
+    """parent folder of the run folders"""
+    device: Optional[str] = None
+    """torch device (default: cuda when available, else cpu)"""
+    threads: Optional[int] = None
+    """torch CPU threads (default: torch's choice)"""
+
+    # data (App. B.3)
+    min_prompt_toxicity: float = 0.3
+    """keep prompts whose toxicity score is above this"""
+    prompt_min_tokens: int = 10
+    """a prompt is the first L tokens of prompt + continuation text, L uniform in [min, max]"""
+    prompt_max_tokens: int = 15
+    """see --prompt-min-tokens"""
+    gen_tokens: int = 30
+    """tokens sampled per continuation (top_k 0, top_p 1: the policy's own distribution)"""
+    held_out_fraction: float = 0.2
+    """prompts held out of training (TRL's example split); --target-data validation draws from them"""
+
+    # PPO for language models (TRL 0.11 defaults, the paper's batch settings)
+    batch_size: int = 256
+    """episodes a round: the rollout buffer B(k)"""
+    mini_batch_size: int = 1
+    """episodes per optimizer step"""
+    ppo_epochs: int = 4
+    """passes over the (kept) buffer per round"""
+    learning_rate: float = 1e-5
+    """Adam learning rate"""
+    rounds: Optional[int] = None
+    """training rounds (default: one pass over the training prompts, 109 in the paper)"""
+    gamma: float = 1.0
+    """discount over the tokens of a continuation"""
+    lam: float = 0.95
+    """GAE lambda"""
+    cliprange: float = 0.2
+    """PPO clipping epsilon of the policy ratio"""
+    cliprange_value: float = 0.2
+    """clipping range of the value prediction around its old value"""
+    vf_coef: float = 0.1
+    """value loss coefficient"""
+    init_kl_coef: float = 0.04
+    """initial coefficient beta of the per-token KL penalty"""
+    adaptive_kl: bool = True
+    """adapt beta toward --kl-target (Ziegler et al. 2019); off: beta stays --init-kl-coef"""
+    kl_target: float = 0.1
+    """target KL (summed over a continuation's tokens, averaged over episodes)"""
+    kl_horizon: int = 10_000
+    """horizon of the adaptive KL controller, in episodes"""
+    lora: bool = True
+    """train LoRA adapters (and the value head) instead of the whole model; the reference is the
+    model with its adapters disabled"""
+    lora_r: int = 16
+    """LoRA rank"""
+    lora_alpha: int = 32
+    """LoRA alpha"""
+    lora_target_modules: Optional[str] = None
+    """comma-separated module names for LoRA (default: peft's choice for the architecture, q_proj,v_proj
+    for GPT-Neo as in the released code)"""
+    forward_batch_size: int = 16
+    """episodes per batched no-grad forward, target-gradient and influence pass"""
+    generation_batch_size: int = 64
+    """prompts per generate() call"""
+
+    # influence and filtering (Sec. 3.1, 5.1, 5.3)
+    filter_method: Literal["influence", "random", "none"] = "influence"
+    """influence: IIF; random: drop as many episodes uniformly at random; none: standard PPO"""
+    filter_p: Optional[float] = None
+    """fraction in (0, 1] of the negative-influence episodes to drop, most negative first (default: drop
+    every episode with influence <= 0, as the released code does)"""
+    target: Literal["f_seq", "f_return"] = "f_seq"
+    """target function: f_seq (Sec. 5.3: log pi(y|x) times the advantage at the last token) or the
+    token-level f_return (Sec. 3.1, App. C.8)"""
+    target_data: Literal["buffer", "validation"] = "buffer"
+    """episodes f is measured on: the round's own buffer, or fresh generations on --validation-size
+    held-out prompts (as the released code and I-PPO do)"""
+    validation_size: int = 1024
+    """held-out prompts generated on each round for --target-data validation"""
+
+    # evaluation (App. B.3)
+    eval_every: int = 1
+    """measure test toxicity after every N-th round (0: never)"""
+    eval_dataset: str = "OxAISH-AL-LLM/wiki_toxic"
+    """test prompts: toxic comments (label 1) of this dataset, a hub name or a local .json/.jsonl"""
+    eval_split: str = "test"
+    """split of --eval-dataset"""
+    eval_samples: int = 400
+    """test prompts"""
+    eval_max_prompt_tokens: int = 256
+    """a test prompt is the whole comment, cut to its last N tokens"""
+    eval_reward_model: str = "DaNLP/da-electra-hatespeech-detection"
+    """a second toxicity classifier; the test toxicity is its mean --eval-toxic-label probability"""
+    eval_toxic_label: str = "offensive"
+    """label of --eval-reward-model that means toxic"""
+
+
+METRICS = ["round", "episodes", "reward_mean", "reward_std", "kl", "kl_coef", "n_kept", "n_negative",
+           "loss", "n_updates", "eval_toxicity", "t_generate", "t_forward", "t_influence",
+           "t_optim", "t_eval"]
+
+
+def fail(msg):
+    raise SystemExit(f"rlhf_iif.py: error: {msg}")
+
+
+def load(flag, name, loader, *a, **kw):
+    """Load a model, tokenizer or dataset; on any failure stop with the flag's name, before a file is written"""
+    try:
+        return loader(name, *a, **kw)
+    except Exception as e:  # OSError, ValueError, hub and connection errors all end here
+        fail(f"{flag} {name!r} could not be loaded ({type(e).__name__}: {str(e).strip().splitlines()[0][:300]}). "
+             "Without network access, download it on another machine and pass its local path.")
+
+
+def load_rows(flag, name, split):
+    from datasets import load_dataset
+    if name.endswith((".json", ".jsonl")):
+        return load(flag, "json", load_dataset, data_files=name, split="train")
+    return load(flag, name, load_dataset, split=split)
+
+
+def load_prompts(args, tokenizer):
+    """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt + continuation
+    text (as TRL's example does); split into training and held-out prompts."""
+    rows = load_rows("--dataset", args.dataset, "train")
+    if "prompt" not in rows.column_names:
+        fail(f"--dataset {args.dataset!r} has no 'prompt' column (columns: {rows.column_names})")
+    rng = np.random.default_rng(args.seed)
+    prompts = []
+    for row in rows:
+        p, c = row["prompt"], row.get("continuation") or {}
+        if p.get("toxicity") is None or p["toxicity"] <= args.min_prompt_toxicity:
+            continue
+        ids = tokenizer(p["text"] + (c.get("text") or ""))["input_ids"]
+        n = int(rng.integers(args.prompt_min_tokens, args.prompt_max_tokens + 1))
+        if len(ids) >= n:
+            prompts.append(ids[:n])
+    order = rng.permutation(len(prompts))
+    n_held = int(args.held_out_fraction * len(prompts))
+    train, held = [prompts[i] for i in order[n_held:]], [prompts[i] for i in order[:n_held]]
+    if len(train) < args.batch_size:
+        fail(f"--dataset {args.dataset!r} has {len(train)} training prompts with toxicity > "
+             f"{args.min_prompt_toxicity} and >= {args.prompt_min_tokens} tokens, fewer than --batch-size {args.batch_size}")
+    if args.target_data == "validation" and len(held) < args.validation_size:
+        fail(f"--validation-size {args.validation_size}: only {len(held)} held-out prompts "
+             f"(--held-out-fraction {args.held_out_fraction})")
+    return train, held[:args.validation_size]
+
+
+def load_eval_prompts(args, tokenizer):
+    rows = load_rows("--eval-dataset", args.eval_dataset, args.eval_split)
+    if not {"comment_text", "label"} <= set(rows.column_names):
+        fail(f"--eval-dataset {args.eval_dataset!r} needs 'comment_text' and 'label' columns (has {rows.column_names})")
+    texts = [r["comment_text"] for r in rows if r["label"] == 1][:args.eval_samples]
+    if not texts:
+        fail(f"--eval-dataset {args.eval_dataset!r} has no toxic (label 1) rows in split {args.eval_split!r}")
+    return [tokenizer(t)["input_ids"][-args.eval_max_prompt_tokens:] for t in texts]
+
+
+def load_classifier(flag, name, label_flag, label, device):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    tok = load(flag, name, AutoTokenizer.from_pretrained)
+    model = load(flag, name, AutoModelForSequenceClassification.from_pretrained).to(device).eval()
+    labels = {v: int(k) for k, v in model.config.id2label.items()}
+    if label not in labels:
+        fail(f"{label_flag} {label!r} is not a label of {flag} {name!r}; its labels are {sorted(labels)}")
+    return model, tok, labels[label]
+
+
+class Policy(nn.Module):
+    """The causal LM with a value head on its last hidden state (TRL's AutoModelForCausalLMWithValueHead)."""
+
+    def __init__(self, lm):
+        super().__init__()
+        self.lm = lm
+        self.v_head = nn.Linear(lm.config.hidden_size, 1)
+
+    def forward(self, ids, attn, T):
+        """log pi(y_t | x, y_<t) and V(x, y_<t) of the last T tokens of left-padded rows ids"""
+        pos = (attn.cumsum(1) - 1).clamp(min=0)  # positions count real tokens only
+        out = self.lm(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=True,
+                      logits_to_keep=T + 1)
+        logp = torch.log_softmax(out.logits[:, :-1], -1).gather(-1, ids[:, -T:, None]).squeeze(-1)
+        return logp, self.v_head(out.hidden_states[-1][:, -T - 1:-1]).squeeze(-1)
+
+
+def make_policy(args, device):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = load("--model-name", args.model_name, AutoTokenizer.from_pretrained)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    lm = load("--model-name", args.model_name, AutoModelForCausalLM.from_pretrained, dtype=torch.float32)
+    ref = None
+    if args.lora:
+        from peft import LoraConfig, get_peft_model
+        targets = args.lora_target_modules.split(",") if args.lora_target_modules else None
+        try:
+            lm = get_peft_model(lm, LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules=targets,
+                                               lora_dropout=0.0, bias="none", task_type="CAUSAL_LM"))
+        except ValueError as e:
+            fail(f"--lora-target-modules: {e}")
+    policy = Policy(lm).to(device)
+    policy.eval()  # no dropout: generation, the update and the influence all see one policy pi_theta
+    if not args.lora:
+        ref = copy.deepcopy(policy).requires_grad_(False)
+    return policy, ref, tokenizer
+
+
+def ref_logprobs(policy, ref, ids, attn, T):
+    with policy.lm.disable_adapter() if ref is None else contextlib.nullcontext():
+        return (ref or policy)(ids, attn, T)[0]
+
+
+def batches(n, size):
+    return [torch.arange(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+@torch.no_grad()
+def generate(policy, queries, tokenizer, args, device):
+    """Sample continuations of the queries; rows are [left padding, prompt, continuation, right padding].
+    Returns ids, attention mask and the response mask (the continuation up to and with its first EOS)."""
+    P, T, pad, eos = max(map(len, queries)), args.gen_tokens, tokenizer.pad_token_id, tokenizer.eos_token_id
+    ids = torch.full((len(queries), P + T), pad, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for i, q in enumerate(queries):
+        ids[i, P - len(q):P], attn[i, P - len(q):P] = torch.tensor(q), 1
+    for idx in batches(len(queries), args.generation_batch_size):
+        out = policy.lm.generate(input_ids=ids[idx, :P].to(device), attention_mask=attn[idx, :P].to(device),
+                                 do_sample=True, top_k=0, top_p=1.0, max_new_tokens=T, min_new_tokens=0,
+                                 pad_token_id=pad, eos_token_id=eos)
+        ids[idx, P:out.shape[1]] = out[:, P:].cpu()
+    is_eos = ids[:, P:] == eos
+    after_eos = (is_eos.cumsum(1) - is_eos.long()) > 0
+    mask = (~after_eos).float()
+    if out.shape[1] < P + T:  # every row of the last call ended early
+        mask[:, out.shape[1] - P:] = 0
+    attn[:, P:] = mask.long()
+    return ids.to(device), attn.to(device), mask.to(device)
+
+
+@torch.no_grad()
+def classify(model, tok, texts, device, bs=64):
+    return torch.cat([model(**tok(texts[i:i + bs], padding=True, truncation=True, return_tensors="pt").to(device)
+                            ).logits.float() for i in range(0, len(texts), bs)])
+
+
+def continuations(tokenizer, b):
+    T = b["mask"].shape[1]
+    return [tokenizer.decode(row[:int(m.sum())], skip_special_tokens=True) for row, m in zip(b["ids"][:, -T:], b["mask"])]
+
+
+def compute_gae(rewards, values, mask, gamma, lam):
+    """GAE over the tokens of each continuation (Sec. 2.1); values and rewards past its end count as 0"""
+    values, rewards = values * mask, rewards * mask
+    adv, lastgaelam, T = torch.zeros_like(rewards), 0.0, rewards.shape[1]
+    for t in reversed(range(T)):
+        next_values = values[:, t + 1] if t < T - 1 else 0.0
+        delta = rewards[:, t] + gamma * next_values - values[:, t]
+        adv[:, t] = lastgaelam = delta + gamma * lam * lastgaelam
+    return adv, adv + values
+
+
+def whiten(x, mask):
+    """TRL's masked whitening: zero mean, unit (unbiased) variance over the real tokens of the buffer"""
+    mean = (x * mask).sum() / mask.sum()
+    var = ((x - mean) ** 2 * mask).sum() / (mask.sum() - 1).clamp(min=1)
+    return (x - mean) * torch.rsqrt(var + 1e-8)
+
+
+def update_kl_coef(kl_coef, kl, n_episodes, args):
+    """Adaptive KL controller (Ziegler et al. 2019), as TRL's AdaptiveKLController"""
+    if not args.adaptive_kl:
+        return kl_coef
+    error = float(np.clip(kl / args.kl_target - 1, -0.2, 0.2))
+    return kl_coef * (1 + error * n_episodes / args.kl_horizon)
+
+
+def rollout(policy, ref, queries, kl_coef, rm, tokenizer, args, device):
+    """Stage I of Alg. 1 for language models: generate, score, and compute log pi, V, the KL-shaped
+    per-token rewards and GAE advantages at theta(k). Returns the buffer and (t_generate, t_forward)."""
+    t0 = timer(device)
+    ids, attn, mask = generate(policy, queries, tokenizer, args, device)
+    b = dict(ids=ids, attn=attn, mask=mask)
+    rm_model, rm_tok, rm_label = rm
+    b["scores"] = classify(rm_model, rm_tok, continuations(tokenizer, b), device)[:, rm_label]
+    t1 = timer(device)
+    T = mask.shape[1]
+    with torch.no_grad():
+        out = [(*policy(ids[i], attn[i], T), ref_logprobs(policy, ref, ids[i], attn[i], T))
+               for i in batches(len(ids), args.forward_batch_size)]
+    b["logprobs"], b["values"], b["ref_logprobs"] = (torch.cat(x) for x in zip(*out))
+    # TRL's compute_rewards: r_t = -beta (log pi - log pi_ref)(y_t), plus the classifier's score at the last token
+    b["kl"] = ((b["logprobs"] - b["ref_logprobs"]) * mask).sum(1)
+    rewards = -kl_coef * (b["logprobs"] - b["ref_logprobs"]) * mask
+    b["last"] = mask.sum(1).long() - 1
+    rewards[torch.arange(len(ids)), b["last"]] += b["scores"]
+    adv, b["returns"] = compute_gae(rewards, b["values"], mask, args.gamma, args.lam)
+    b["advantages"] = whiten(adv, mask)  # once over the buffer: scoring and training see the same A_hat
+    return b, (t1 - t0, timer(device) - t1)
+
+
+def ppo_losses(policy, b, idx, args, params=None):
+    """Per-episode PPO loss l_i (Sec. 2.1, TRL's loss for LMs): token means of the clipped surrogate and of
+    vf_coef x 0.5 x the clipped squared value error. A minibatch's loss is the mean over its episodes."""
+    ids, attn, m = b["ids"][idx], b["attn"][idx], b["mask"][idx]
+    T = m.shape[1]
+    logp, v = policy(ids, attn, T) if params is None else functional_call(policy, params, (ids, attn, T))
+    adv, old_v, ret = b["advantages"][idx], b["values"][idx], b["returns"][idx]
+    ratio = torch.exp(logp - b["logprobs"][idx])
+    pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.cliprange, 1 + args.cliprange))
+    v_clipped = old_v + (v - old_v).clamp(-args.cliprange_value, args.cliprange_value)
+    vf = 0.5 * torch.max((v - ret) ** 2, (v_clipped - ret) ** 2)
+    return ((pg + args.vf_coef * vf) * m).sum(1) / m.sum(1)
+
+
+def target_weights(t, target):
+    """Both targets read f(theta) = sum_it w_it log pi_theta(y_t | x_i, y_<t) over the target episodes t"""
+    m = t["mask"]
+    if target == "f_seq":  # Sec. 5.3: mean over episodes of log pi(y|x) A_hat(last token)
+        return t["advantages"].gather(1, t["last"][:, None]) * m / len(m)
+    return t["advantages"] * m / m.sum()  # f_return (Sec. 3.1): every token is a (state, action) record
+
+
+def influence(policy, b, t, args):
+    """I_i = <grad f(theta), -grad l_i(theta)> of every episode i of b at theta(k) (Sec. 3.1, 5.1), exactly:
+    one backward pass over the target episodes t gives grad f, one forward-mode pass (jvp) along it
+    gives every episode's inner product. Parameters f does not reach (the value head) carry no tangent."""
+    params = {n: p for n, p in policy.named_parameters() if p.requires_grad}
+    w = target_weights(t, args.target)
+    grad = dict.fromkeys(params)
+    for idx in batches(len(w), args.forward_batch_size):
+        logp = policy(t["ids"][idx], t["attn"][idx], w.shape[1])[0]
+        g = torch.autograd.grad((w[idx] * logp).sum(), list(params.values()), allow_unused=True)
+        for n, gi in zip(params, g):
+            if gi is not None:
+                grad[n] = gi if grad[n] is None else grad[n] + gi
+    primals = {n: params[n].detach() for n in params if grad[n] is not None}
+    tangents = {n: grad[n] for n in primals}
+    scores = []
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH):  # fused attention kernels have no forward-mode AD
+        for idx in batches(len(b["ids"]), args.forward_batch_size):
+            scores.append(-jvp(lambda p: ppo_losses(policy, b, idx, args, p), (primals,), (tangents,))[1])
+    return torch.cat(scores)
+
+
+def filter_records(scores, method, p, gen):
+    """Stage II of Alg. 1: returns the kept mask. 'influence' drops every episode with influence <= 0
+    (p None), or the floor(p x n_negative) most negative ones, ties broken by buffer order; 'random'
+    drops as many uniformly at random."""
+    kept = torch.ones(len(scores), dtype=torch.bool)
+    n_drop = int((scores <= 0).sum()) if p is None else int(p * int((scores < 0).sum()) + 1e-9)
+    order = torch.argsort(scores.cpu(), stable=True) if method == "influence" else torch.randperm(len(scores), generator=gen)
+    kept[order[:n_drop]] = False
+    return kept
+
+
+def ppo_update(policy, optimizer, b, kept_idx, args, gen):
+    """Stage III of Alg. 1: ppo_epochs passes over the kept episodes, reshuffled, mini_batch_size at a time
+    (a smaller last minibatch is kept); so a filtered round takes fewer optimizer steps."""
+    losses, n_updates = [], 0
+    for epoch in range(args.ppo_epochs):
+        perm = kept_idx[torch.randperm(len(kept_idx), generator=gen)]
+        for start in range(0, len(perm), args.mini_batch_size):
+            loss = ppo_losses(policy, b, perm[start:start + args.mini_batch_size], args).mean()
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"non-finite PPO loss at epoch {epoch}, step {n_updates}")
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            n_updates += 1
+    return n_updates, float(np.mean(losses)) if losses else float("nan")
+
+
+@torch.no_grad()
+def evaluate(policy, queries, tokenizer, clf, args, device):
+    """App. B.3: mean toxicity probability of sampled continuations of toxic test prompts (a fixed seed,
+    and the training generator left untouched)"""
+    model, tok, toxic = clf
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(args.seed + 10_000)
+        ids, attn, mask = generate(policy, queries, tokenizer, args, device)
+    texts = continuations(tokenizer, dict(ids=ids, mask=mask))
+    return classify(model, tok, texts, device).softmax(-1)[:, toxic].mean().item()
+
+
+def timer(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def resolve_args(args):
+    """Check every flag before anything is loaded; fail early with the flag's name."""
+    for key in ("batch_size", "mini_batch_size", "ppo_epochs", "gen_tokens", "prompt_min_tokens", "forward_batch_size",
+                "generation_batch_size", "validation_size", "eval_samples", "eval_max_prompt_tokens", "lora_r", "kl_horizon"):
+        if getattr(args, key) < 1:
+            fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
+    if args.prompt_max_tokens < args.prompt_min_tokens:
+        fail(f"--prompt-max-tokens ({args.prompt_max_tokens}) must be at least --prompt-min-tokens ({args.prompt_min_tokens})")
+    if args.mini_batch_size > args.batch_size:
+        fail(f"--mini-batch-size ({args.mini_batch_size}) must be at most --batch-size ({args.batch_size})")
+    if args.rounds is not None and args.rounds < 1:
+        fail(f"--rounds must be at least 1, got {args.rounds}")
+    if args.eval_every < 0:
+        fail(f"--eval-every must be 0 (never) or more, got {args.eval_every}")
+    if args.filter_p is not None and not 0 < args.filter_p <= 1:
+        fail(f"--filter-p must be in (0, 1], got {args.filter_p}")
+    if not 0 <= args.held_out_fraction < 1:
+        fail(f"--held-out-fraction must be in [0, 1), got {args.held_out_fraction}")
+    for key in ("learning_rate", "kl_target", "cliprange", "cliprange_value"):
+        if not getattr(args, key) > 0:
+            fail(f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
+    if args.init_kl_coef < 0 or args.vf_coef < 0:
+        fail("--init-kl-coef and --vf-coef must be at least 0")
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.empty(0, device=args.device)
+    except (RuntimeError, AssertionError) as e:
+        fail(f"--device {args.device!r} is not usable here ({e})")
+    if args.run_name is None:
+        args.run_name = f"rlhf__{args.filter_method}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join(args.runs_dir, args.run_name)
+    if os.path.exists(os.path.join(run_dir, "metrics.csv")):
+        fail(f"{run_dir}/metrics.csv exists: choose another --run-name or remove it")
+    return args
+
+
+def main(args):
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)  # minibatch order and random filtering
+    device = torch.device(args.device)
+    # everything is loaded before the run folder is made: a name that fails leaves nothing half-written
+    policy, ref, tokenizer = make_policy(args, device)
+    rm = load_classifier("--reward-model", args.reward_model, "--reward-label", args.reward_label, device)
+    train_prompts, val_prompts = load_prompts(args, tokenizer)
+    if args.eval_every:
+        eval_clf = load_classifier("--eval-reward-model", args.eval_reward_model, "--eval-toxic-label",
+                                   args.eval_toxic_label, device)
+        eval_prompts = load_eval_prompts(args, tokenizer)
+    n_rounds = args.rounds or len(train_prompts) // args.batch_size
+    optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate)
+    n_trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+
+    run_dir = os.path.join(args.runs_dir, args.run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(vars(args), f, indent=1)
+    metrics_file = open(os.path.join(run_dir, "metrics.csv"), "w", newline="")
+    writer = csv.DictWriter(metrics_file, fieldnames=METRICS)
+    writer.writeheader()
+    episodes_file = open(os.path.join(run_dir, "episodes.jsonl"), "w")
+    print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {device}: {n_rounds} rounds of "
+          f"{args.batch_size} episodes, filter {args.filter_method}, target {args.target} on {args.target_data} -> {run_dir}")
+    kl_coef, order = args.init_kl_coef, []
+    try:
+        for k in range(n_rounds):
+            if len(order) < args.batch_size:  # one pass over the shuffled training prompts, then another
+                order = order + torch.randperm(len(train_prompts), generator=gen).tolist()
+            queries, order = [train_prompts[i] for i in order[:args.batch_size]], order[args.batch_size:]
+
+            # Stage I (Alg. 1): the buffer B(k) of episodes generated by the policy at theta(k)
+            b, (t_generate, t_forward) = rollout(policy, ref, queries, kl_coef, rm, tokenizer, args, device)
+
+            # Stage II (Alg. 1): score every episode at theta(k) (Sec. 5.1, 5.3) and filter the harmful ones
+            t0 = timer(device)
+            scores = None
+            if args.filter_method != "none":
+                t = b if args.target_data == "buffer" else \
+                    rollout(policy, ref, val_prompts, kl_coef, rm, tokenizer, args, device)[0]
+                scores = influence(policy, b, t, args)
+                if not torch.isfinite(scores).all():
+                    fail(f"round {k}: non-finite influence scores; lower --learning-rate")
+            kept = torch.ones(args.batch_size, dtype=torch.bool) if scores is None else \
+                filter_records(scores, args.filter_method, args.filter_p, gen)
+            t_influence = timer(device) - t0
+
+            # Stage III (Alg. 1): PPO on the kept episodes, then the adaptive KL step on the whole buffer
+            t0 = timer(device)
+            try:
+                n_updates, loss = ppo_update(policy, optimizer, b, torch.nonzero(kept).squeeze(1), args, gen)
+            except FloatingPointError as e:
+                fail(f"round {k}: {e}; lower --learning-rate")
+            t_optim = timer(device) - t0
+            kl = b["kl"].mean().item()
+            row = dict(round=k, episodes=(k + 1) * args.batch_size, reward_mean=b["scores"].mean().item(),
+                       reward_std=b["scores"].std().item(), kl=kl, kl_coef=kl_coef, n_kept=int(kept.sum()),
+                       n_negative=int((scores < 0).sum()) if scores is not None else "", loss=loss,
+                       n_updates=n_updates, t_generate=t_generate, t_forward=t_forward,
+                       t_influence=t_influence, t_optim=t_optim, eval_toxicity="", t_eval=0.0)
+            kl_coef = update_kl_coef(kl_coef, kl, args.batch_size, args)
+
+            if args.eval_every and (k + 1) % args.eval_every == 0:
+                t0 = timer(device)
+                row["eval_toxicity"] = evaluate(policy, eval_prompts, tokenizer, eval_clf, args, device)
+                row["t_eval"] = timer(device) - t0
+            writer.writerow(row)
+            metrics_file.flush()
+            for i, text in enumerate(continuations(tokenizer, b)):
+                episodes_file.write(json.dumps(dict(
+                    round=k, prompt=tokenizer.decode(queries[i]), continuation=text, reward=b["scores"][i].item(),
+                    influence=None if scores is None else scores[i].item(), kept=bool(kept[i]))) + "\n")
+            episodes_file.flush()
+            tox = f" toxicity {row['eval_toxicity']:.3f}" if row["eval_toxicity"] != "" else ""
+            print(f"round {k} [{k + 1}/{n_rounds}] reward {row['reward_mean']:.3f} kl {kl:.3f} beta {row['kl_coef']:.4f} "
+                  f"| kept {row['n_kept']}/{args.batch_size}{tox} | s: generate {t_generate:.1f} forward {t_forward:.1f} "
+                  f"influence {t_influence:.1f} optim {t_optim:.1f}", flush=True)
+    finally:  # also on Ctrl-C: the finished rounds' weights are kept
+        policy.lm.save_pretrained(os.path.join(run_dir, "policy"))  # the adapter only, with LoRA
+        tokenizer.save_pretrained(os.path.join(run_dir, "policy"))
+        torch.save(policy.v_head.state_dict(), os.path.join(run_dir, "value_head.pt"))
+        metrics_file.close()
+        episodes_file.close()
+
+
+if __name__ == "__main__":
+    args = resolve_args(tyro.cli(Args))
+    try:
+        main(args)
+    except KeyboardInterrupt:
+        sys.exit(f"\ninterrupted: every finished round is in {os.path.join(args.runs_dir, args.run_name)}/metrics.csv")

@@ -1,0 +1,204 @@
+"""rlhf_iif.py on a tiny GPT-2, tiny ELECTRA classifiers and tiny jsonl data built here (offline)."""
+import csv
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+import tyro
+
+import rlhf_iif
+from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_classifier, tiny_lm, write_data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """Untrained tiny models saved with save_pretrained, loaded back by path as the hub models would be"""
+    out = tmp_path_factory.mktemp("toy")
+    torch.manual_seed(0)
+    tok = byte_tokenizer()
+    write_data(str(out), random.Random(0), n_prompts=60, n_eval=40)
+    for name, model in [("policy", tiny_lm(tok, "gpt2", width=32, heads=2)),
+                        ("reward", tiny_classifier(tok, ["nothate", "hate"], width=32, heads=2)),
+                        ("eval_reward", tiny_classifier(tok, ["not offensive", "offensive"], width=32, heads=2))]:
+        model.save_pretrained(out / name)
+        tok.save_pretrained(out / name)
+    return out
+
+
+def flags(toy, *extra):
+    return ["--model-name", str(toy / "policy"), "--reward-model", str(toy / "reward"),
+            "--dataset", str(toy / "prompts.jsonl"), "--eval-dataset", str(toy / "wiki_toxic.jsonl"),
+            "--eval-reward-model", str(toy / "eval_reward"), "--batch-size", "8", "--mini-batch-size", "2",
+            "--ppo-epochs", "2", "--gen-tokens", "6", "--eval-samples", "4", "--forward-batch-size", "3",
+            "--validation-size", "5", "--threads", "1", "--device", "cpu", *extra]
+
+
+def run_main(tmp_path, toy, *extra):
+    args = rlhf_iif.resolve_args(tyro.cli(rlhf_iif.Args, args=flags(toy, "--runs-dir", str(tmp_path),
+                                                                   "--run-name", "r", *extra)))
+    rlhf_iif.main(args)
+    with open(tmp_path / "r" / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def buffer(toy, *extra, dtype=torch.float64, kl_coef=0.05, perturb=False):
+    """A policy (cast to dtype; its trainable parameters perturbed if asked, so that it differs from the
+    reference), its reference and one scored buffer of 8 episodes"""
+    args = rlhf_iif.resolve_args(tyro.cli(rlhf_iif.Args, args=flags(toy, *extra)))
+    torch.manual_seed(0)
+    policy, ref, tok = rlhf_iif.make_policy(args, torch.device("cpu"))
+    policy.to(dtype)
+    if ref is not None:
+        ref.to(dtype)
+    if perturb:
+        perturb_(policy)
+    rm = rlhf_iif.load_classifier("--reward-model", args.reward_model, "--reward-label", "nothate", torch.device("cpu"))
+    train, _ = rlhf_iif.load_prompts(args, tok)
+    b, _ = rlhf_iif.rollout(policy, ref, train[:8], kl_coef, rm, tok, args, torch.device("cpu"))
+    return args, policy, ref, b
+
+
+def perturb_(policy):
+    with torch.no_grad():
+        for p in policy.parameters():
+            if p.requires_grad:
+                p.add_(0.3 * torch.randn_like(p))
+
+
+@pytest.mark.parametrize("method", ["none", "influence", "random"])
+def test_two_rounds_end_to_end(tmp_path, toy, method):
+    rows = run_main(tmp_path, toy, "--filter-method", method, "--rounds", "2")
+    assert [r["round"] for r in rows] == ["0", "1"] and list(rows[0]) == rlhf_iif.METRICS
+    for r in rows:
+        kept = int(r["n_kept"])
+        assert int(r["n_updates"]) == 2 * -(-kept // 2)  # 2 epochs of ceil(kept / 2) minibatches
+        assert 0 <= float(r["eval_toxicity"]) <= 1 and float(r["t_generate"]) > 0 and float(r["t_optim"]) > 0
+        if method == "none":
+            assert kept == 8 and r["n_negative"] == "" and float(r["t_influence"]) < 0.05
+        else:
+            assert kept < 8  # an untrained policy's buffer always holds harmful episodes
+    assert abs(float(rows[0]["kl"])) < 1e-5  # LoRA's B starts at 0: the first round's policy is the reference
+    assert float(rows[1]["kl_coef"]) != float(rows[0]["kl_coef"])  # the adaptive controller moved beta
+    episodes = [json.loads(line) for line in open(tmp_path / "r" / "episodes.jsonl")]
+    assert len(episodes) == 16 and sum(e["kept"] for e in episodes[:8]) == int(rows[0]["n_kept"])
+    if method == "influence":  # the dropped episodes are exactly those with influence <= 0
+        assert all(e["kept"] == (e["influence"] > 0) for e in episodes)
+    assert (tmp_path / "r" / "policy" / "adapter_config.json").exists() and (tmp_path / "r" / "value_head.pt").exists()
+
+
+def test_filtered_round_optimises_fewer_episodes(tmp_path, toy):
+    std = run_main(tmp_path / "std", toy, "--filter-method", "none", "--rounds", "1", "--eval-every", "0")
+    iif = run_main(tmp_path / "iif", toy, "--filter-method", "influence", "--rounds", "1", "--eval-every", "0")
+    # same seed, same buffer: only the update differs
+    assert std[0]["reward_mean"] == iif[0]["reward_mean"]
+    assert int(iif[0]["n_updates"]) < int(std[0]["n_updates"]) == 8
+    assert int(iif[0]["n_kept"]) == 8 - int(iif[0]["n_negative"])  # no exact zeros: <= 0 is < 0
+
+
+@pytest.mark.parametrize("extra", [("--target", "f_return"), ("--target-data", "validation"), ("--no-lora",),
+                                   ("--filter-p", "0.5")])
+def test_variants_run(tmp_path, toy, extra):
+    rows = run_main(tmp_path, toy, "--rounds", "1", "--eval-every", "0", *extra)
+    if extra == ("--filter-p", "0.5"):
+        assert int(rows[0]["n_kept"]) == 8 - int(int(rows[0]["n_negative"]) * 0.5)
+
+
+@pytest.mark.parametrize("extra", [(), ("--no-lora",), ("--target", "f_return")])
+def test_influence_matches_per_episode_autograd(toy, extra):
+    args, policy, ref, b = buffer(toy, *extra)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    perturb_(policy)  # move off theta(k) so ratios differ from 1 and some clip: every loss term counts
+    ratio = torch.exp(policy(b["ids"], b["attn"], 6)[0] - b["logprobs"])
+    assert ((ratio - 1).abs() > args.cliprange).any()
+    scores = rlhf_iif.influence(policy, b, b, args)
+
+    w = rlhf_iif.target_weights(b, args.target)
+    g_f = torch.autograd.grad((w * policy(b["ids"], b["attn"], 6)[0]).sum(), params, allow_unused=True)
+    g_f = [torch.zeros_like(p) if g is None else g for p, g in zip(params, g_f)]
+    for i in range(8):
+        g_i = torch.autograd.grad(rlhf_iif.ppo_losses(policy, b, torch.tensor([i]), args).sum(), params)
+        brute = -sum((a * c).sum() for a, c in zip(g_f, g_i))
+        assert torch.allclose(scores[i], brute, rtol=1e-7, atol=1e-12), (i, scores[i], brute)
+    assert (scores.abs() > 1e-6).all()
+
+
+def test_value_term_reaches_influence_through_shared_parameters(toy):
+    args, policy, ref, b = buffer(toy)
+    base = rlhf_iif.influence(policy, b, b, args)
+    args.vf_coef = 0.0
+    no_value = rlhf_iif.influence(policy, b, b, args)
+    assert not torch.allclose(base, no_value)  # LoRA layers feed both the logits and the value head
+
+
+def test_gae_matches_explicit_sum():
+    torch.manual_seed(0)
+    rewards, values = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]], dtype=torch.float64)
+    gamma, lam = 0.9, 0.8
+    adv, ret = rlhf_iif.compute_gae(rewards, values, mask, gamma, lam)
+    for i in range(3):
+        n = int(mask[i].sum())
+        v = torch.cat([values[i, :n], torch.zeros(1, dtype=torch.float64)])  # V past the end is 0
+        delta = [rewards[i, t] + gamma * v[t + 1] - v[t] for t in range(n)]
+        for t in range(n):
+            expected = sum((gamma * lam) ** j * delta[t + j] for j in range(n - t))
+            assert torch.isclose(adv[i, t], expected) and torch.isclose(ret[i, t], expected + values[i, t])
+
+
+def test_kl_controller():
+    args = rlhf_iif.Args(kl_target=0.1, kl_horizon=1000)
+    assert rlhf_iif.update_kl_coef(0.04, 0.1, 256, args) == pytest.approx(0.04)
+    assert rlhf_iif.update_kl_coef(0.04, 0.11, 256, args) == pytest.approx(0.04 * (1 + 0.1 * 0.256))
+    assert rlhf_iif.update_kl_coef(0.04, 5.0, 256, args) == pytest.approx(0.04 * (1 + 0.2 * 0.256))  # clipped
+    assert rlhf_iif.update_kl_coef(0.04, 0.0, 256, args) == pytest.approx(0.04 * (1 - 0.2 * 0.256))
+    args.adaptive_kl = False
+    assert rlhf_iif.update_kl_coef(0.04, 5.0, 256, args) == 0.04
+
+
+def test_rewards_are_kl_shaped_with_the_score_at_the_last_token(toy):
+    # with gamma = lambda = 1 the first token's return is the sum of the rewards: score - beta x KL
+    args, policy, ref, b = buffer(toy, "--lam", "1.0", kl_coef=0.5, perturb=True)
+    assert (b["kl"].abs() > 1e-3).all()
+    assert torch.allclose(b["returns"][:, 0], b["scores"] - 0.5 * b["kl"])
+    assert (b["mask"][:, 0] == 1).all() and b["advantages"][b["mask"] > 0].mean().abs() < 1e-6  # whitened
+
+
+def test_filter_records():
+    scores = torch.tensor([0.5, -1.0, 0.0, -2.0, 3.0, -1.0])
+    gen = torch.Generator().manual_seed(0)
+    assert rlhf_iif.filter_records(scores, "influence", None, gen).tolist() == [True, False, False, False, True, False]
+    # p of the 3 negatives: floor(0.5 * 3) = 1, the most negative
+    assert rlhf_iif.filter_records(scores, "influence", 0.5, gen).tolist() == [True, True, True, False, True, True]
+    # ties: buffer order, the first -1.0 goes first
+    assert rlhf_iif.filter_records(scores, "influence", 0.67, gen).tolist() == [True, False, True, False, True, True]
+    assert int(rlhf_iif.filter_records(scores, "random", None, gen).sum()) == 2
+
+
+def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy):
+    for extra, needle in [(("--filter-p", "1.5"), "--filter-p"), (("--mini-batch-size", "9"), "--mini-batch-size"),
+                          (("--prompt-max-tokens", "5"), "--prompt-max-tokens"), (("--batch-size", "500"), "--batch-size"),
+                          (("--validation-size", "500", "--target-data", "validation"), "--validation-size"),
+                          (("--reward-label", "toxic"), "'nothate'"), (("--device", "nonsense"), "--device")]:
+        with pytest.raises(SystemExit) as e:
+            run_main(tmp_path, toy, "--rounds", "1", *extra)
+        assert needle in str(e.value), (extra, e.value)
+        assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("flag,name", [("--model-name", "no-such-org/no-such-model"),
+                                       ("--dataset", "no-such-org/no-such-dataset"),
+                                       ("--eval-reward-model", "/nonexistent/classifier")])
+def test_unloadable_name_stops_cleanly(tmp_path, toy, flag, name):
+    args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "r", "--rounds", "1")
+    args[args.index(flag) + 1] = name
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "rlhf_iif.py"), *args], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert f"{flag} {name!r} could not be loaded" in proc.stderr and "local path" in proc.stderr
+    assert not (tmp_path / "r").exists()
