@@ -6,9 +6,10 @@ Each subcommand writes a PNG and prints the numbers behind it:
     python analysis.py efficiency --runs results/runs --env FrozenLake-v1 Acrobot-v1
     python analysis.py bottom-records --run results/runs/FrozenLake-v1__saved__1 --rounds 2 5 10
     python analysis.py advantage-diagnosis --run results/runs/FrozenLake-v1__saved__1 --round 5
+    python analysis.py rlhf --runs results/runs --env rlhf-toy
 
 Runs follow results/reproduce.sh's naming, <runs>/<env>__<label>__<seed>/metrics.csv, where the
-label is iif.py's --filter-method (influence, none, random) or any other tag.
+label is iif.py's (or rlhf_iif.py's) --filter-method (influence, none, random) or any other tag.
 """
 import argparse
 import csv
@@ -34,7 +35,7 @@ COLORS = {"influence": "tab:red", "none": "tab:blue", "random": "tab:gray", "adv
 
 def read_metrics(path):
     with open(path) as f:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        return [{k: float(v) if v != "" else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def load_runs(runs_dir, env_id):
@@ -141,6 +142,75 @@ def cmd_curves(args):
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+
+
+# ---- Sec. 5.3, Fig. 7, Table 4: RLHF ----
+
+def smooth(x, w):
+    return np.convolve(x, np.ones(w) / w, mode="valid")  # trailing mean: value j covers rounds j .. j + w - 1
+
+
+def cmd_rlhf(args):
+    """Training reward and test toxicity over rounds and over runtime (Fig. 7); the rounds and runtime IIF
+    needs to reach standard PPO's final reward; the per-round runtime breakdown (Table 4)."""
+    runs = load_runs(args.runs, args.env)
+    labels = [lb for lb in LABELS if lb in runs]
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    for label in labels:
+        n = min(len(rows) for rows in runs[label].values())
+        rows = list(runs[label].values())
+        x = np.arange(1, n + 1)
+        t = np.mean([np.cumsum([r["t_generate"] + r["t_forward"] + r["t_influence"] + r["t_optim"] for r in rs[:n]])
+                     for rs in rows], 0)
+        for ax, key, xs in ((axes[0], "reward_mean", x), (axes[1], "eval_toxicity", x), (axes[2], "reward_mean", t)):
+            c = np.array([[r[key] for r in rs[:n]] for rs in rows])
+            mean, std = c.mean(0), c.std(0)
+            ax.plot(xs, mean, color=COLORS[label], label=f"{LABELS[label]} ({len(c)} seeds)")
+            ax.fill_between(xs, mean - std, mean + std, color=COLORS[label], alpha=0.2, linewidth=0)
+    for ax, title, xlabel in zip(axes, ("training reward", "test toxicity", "training reward"),
+                                 ("round", "round", "seconds (generation, forward, influence, optimisation)")):
+        ax.set(title=title, xlabel=xlabel)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=120)
+
+    w = args.smooth
+    print(f"{args.env}: mean ± std over seeds; rewards are trailing means over {w} rounds\n")
+    print("| method | rounds | final reward | final test toxicity | test toxicity after round 0 |")
+    print("|---|---|---|---|---|")
+    for label in labels:
+        fin = [smooth([r["reward_mean"] for r in rs], w)[-1] for rs in runs[label].values()]
+        tox = [[r["eval_toxicity"] for r in rs] for rs in runs[label].values()]
+        print(f"| {LABELS[label]} | {len(next(iter(runs[label].values())))} | {np.mean(fin):.2f} ± {np.std(fin):.2f} | "
+              f"{np.mean([np.nanmean(x[-w:]) for x in tox]):.3f} | {np.mean([x[0] for x in tox]):.3f} |")
+    if "none" in runs and "influence" in runs:  # per seed: when does IIF first reach standard's final reward?
+        print(f"\nRounds and runtime IIF needs to reach standard PPO's final reward (per seed, smoothed):\n")
+        print("| seed | level | rounds IIF / standard | runtime IIF / standard |")
+        print("|---|---|---|---|")
+        for seed in sorted(set(runs["none"]) & set(runs["influence"])):
+            sm = {lb: smooth([r["reward_mean"] for r in runs[lb][seed]], w) for lb in ("none", "influence")}
+            ts = {lb: np.cumsum([r["t_generate"] + r["t_forward"] + r["t_influence"] + r["t_optim"]
+                                 for r in runs[lb][seed]]) for lb in ("none", "influence")}
+            v = sm["none"][-1]
+            m = {lb: next((j for j, r in enumerate(sm[lb]) if r >= v), None) for lb in sm}
+            if m["influence"] is None:
+                print(f"| {seed} | {v:.2f} | not reached | - |")
+                continue
+            r_iif, r_std = m["influence"] + w, m["none"] + w  # the round that completes the window
+            print(f"| {seed} | {v:.2f} | {r_iif} / {r_std} = {r_iif / r_std:.0%} | "
+                  f"{ts['influence'][r_iif - 1]:.0f} s / {ts['none'][r_std - 1]:.0f} s = "
+                  f"{ts['influence'][r_iif - 1] / ts['none'][r_std - 1]:.0%} |")
+    keys = ("t_generate", "t_forward", "t_influence", "t_optim")
+    print("\nPer-round runtime, seconds, mean over rounds and seeds (Table 4):\n")
+    print("| method | generation & scoring | forward | influence | optimisation | total | episodes kept |")
+    print("|---|---|---|---|---|---|---|")
+    rows = {label: [r for rs in runs[label].values() for r in rs] for label in labels}
+    mean = {label: [np.mean([r[k] for r in rows[label]]) for k in keys] for label in labels}
+    for label in labels:
+        rel = f" ({sum(mean[label]) / sum(mean['none']):.0%} of standard)" if label != "none" and "none" in mean else ""
+        print(f"| {LABELS[label]} | " + " | ".join(f"{x:.2f}" for x in mean[label]) + f" | {sum(mean[label]):.2f}{rel} | "
+              f"{np.mean([r['n_kept'] for r in rows[label]]):.1f} |")
     print(f"wrote {args.out}")
 
 
@@ -470,6 +540,12 @@ def main():
     p.add_argument("--episodes", type=int, default=100, help="test episodes per retrained policy")
     p.add_argument("--out", default="intervention.png", help="PNG to write")
     p.set_defaults(fn=cmd_intervention)
+    p = sub.add_parser("rlhf", help="rlhf_iif.py runs: reward, test toxicity, runtime (Fig. 7, Table 4)")
+    p.add_argument("--runs", default="results/runs", help="folder of <env>__<label>__<seed> runs")
+    p.add_argument("--env", default="rlhf-toy", help="the runs' name prefix")
+    p.add_argument("--smooth", type=int, default=5, help="rounds in the trailing mean of the reward")
+    p.add_argument("--out", default="rlhf.png", help="PNG to write")
+    p.set_defaults(fn=cmd_rlhf)
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.distributions.Distribution.set_default_validate_args(False)

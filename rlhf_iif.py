@@ -252,7 +252,7 @@ def make_policy(args, device):
 
 def ref_logprobs(policy, ref, ids, attn, T):
     with policy.lm.disable_adapter() if ref is None else contextlib.nullcontext():
-        return (ref or policy)(ids, attn, T)[0]
+        return (policy if ref is None else ref)(ids, attn, T)[0]
 
 
 def batches(n, size):
@@ -273,11 +273,8 @@ def generate(policy, queries, tokenizer, args, device):
                                  do_sample=True, top_k=0, top_p=1.0, max_new_tokens=T, min_new_tokens=0,
                                  pad_token_id=pad, eos_token_id=eos)
         ids[idx, P:out.shape[1]] = out[:, P:].cpu()
-    is_eos = ids[:, P:] == eos
-    after_eos = (is_eos.cumsum(1) - is_eos.long()) > 0
-    mask = (~after_eos).float()
-    if out.shape[1] < P + T:  # every row of the last call ended early
-        mask[:, out.shape[1] - P:] = 0
+    is_eos = ids[:, P:] == eos  # a call that stops early does so because every row has reached EOS
+    mask = ((is_eos.cumsum(1) - is_eos.long()) == 0).float()  # no EOS before this position
     attn[:, P:] = mask.long()
     return ids.to(device), attn.to(device), mask.to(device)
 

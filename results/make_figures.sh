@@ -40,3 +40,6 @@ if complete MiniGrid-Empty-8x8-v0 40; then
     python analysis.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --label $label --at 0.5
   done > $F/efficiency_baselines_minigrid.md
 fi
+if [ -f results/runs/rlhf-toy__influence__3/metrics.csv ]; then  # bash results/rlhf_toy.sh
+  python analysis.py rlhf --runs results/runs --env rlhf-toy --out $F/rlhf_toy.png > $F/rlhf_toy.md
+fi

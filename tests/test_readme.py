@@ -11,11 +11,12 @@ def read(name):
 
 
 def test_every_line_link_points_at_what_it_names():
-    lines = read("iif.py").splitlines()
-    links = re.findall(r"\[`([^`]+)`\]\(iif\.py#L(\d+)\)", read("README.md"))
-    assert len(links) >= 10
-    for name, line in links:
-        assert name in lines[int(line) - 1], f"README links `{name}` to iif.py line {line}: {lines[int(line) - 1]!r}"
+    for script in ("iif.py", "rlhf_iif.py"):
+        lines = read(script).splitlines()
+        links = re.findall(r"\[`([^`]+)`\]\(" + re.escape(script) + r"#L(\d+)\)", read("README.md"))
+        assert len(links) >= 10, script
+        for name, line in links:
+            assert name in lines[int(line) - 1], f"README links `{name}` to {script} line {line}: {lines[int(line) - 1]!r}"
 
 
 def test_ci_runs_the_readme_commands():

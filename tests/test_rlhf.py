@@ -202,3 +202,32 @@ def test_unloadable_name_stops_cleanly(tmp_path, toy, flag, name):
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert f"{flag} {name!r} could not be loaded" in proc.stderr and "local path" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_analysis_rlhf_draws_and_tabulates(tmp_path, toy):
+    for method in ("none", "influence"):
+        args = rlhf_iif.resolve_args(tyro.cli(rlhf_iif.Args, args=flags(
+            toy, "--runs-dir", str(tmp_path), "--run-name", f"toy__{method}__1", "--filter-method", method,
+            "--rounds", "3")))
+        rlhf_iif.main(args)
+    out = tmp_path / "rlhf.png"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "analysis.py"), "rlhf", "--runs", str(tmp_path),
+                           "--env", "toy", "--smooth", "2", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert out.stat().st_size > 10_000
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("| Standard | 3 |") for line in lines) and any(line.startswith("| IIF | 3 |") for line in lines)
+    assert "| 1 |" in proc.stdout  # the per-seed rounds-to-reach row
+    assert any(line.startswith("| IIF |") and "of standard)" in line for line in lines)  # Table 4's IIF row
+
+
+def test_a_continuation_ends_at_its_first_eos(toy):
+    args, policy, ref, b = buffer(toy, dtype=torch.float32)
+    tok = rlhf_iif.make_policy(args, torch.device("cpu"))[2]
+    eos, a, c = tok.eos_token_id, tok("a")["input_ids"][0], tok("c")["input_ids"][0]
+    sampled = torch.tensor([[a, eos, c, eos, c, c], [a, a, a, a, a, a], [eos, c, c, c, c, c]])
+    policy.lm.generate = lambda input_ids, **kw: torch.cat([input_ids, sampled[:len(input_ids)]], 1)
+    ids, attn, mask = rlhf_iif.generate(policy, [[a, a], [a, a, a], [c]], tok, args, torch.device("cpu"))
+    assert mask.tolist() == [[1, 1, 0, 0, 0, 0], [1] * 6, [1, 0, 0, 0, 0, 0]]  # the EOS itself is kept
+    assert attn[:, :3].tolist() == [[0, 1, 1], [1, 1, 1], [0, 0, 1]] and (attn[:, 3:] == mask).all()
+    assert rlhf_iif.continuations(tok, dict(ids=ids, mask=mask)) == ["a", "aaaaaa", ""]
