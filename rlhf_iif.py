@@ -159,7 +159,7 @@ def load(flag, name, loader, *a, **kw):
 def load_rows(flag, name, split):
     from datasets import load_dataset
     if name.endswith((".json", ".jsonl")):
-        return load(flag, "json", load_dataset, data_files=name, split="train")
+        return load(flag, name, lambda path: load_dataset("json", data_files=path, split="train"))
     return load(flag, name, load_dataset, split=split)
 
 
@@ -551,7 +551,7 @@ def main(args):
             print(f"round {k} [{k + 1}/{n_rounds}] reward {row['reward_mean']:.3f} kl {kl:.3f} beta {row['kl_coef']:.4f} "
                   f"| kept {row['n_kept']}/{args.batch_size}{tox} | s: generate {t_generate:.1f} forward {t_forward:.1f} "
                   f"influence {t_influence:.1f} optim {t_optim:.1f}", flush=True)
-    finally:  # also on Ctrl-C: the finished rounds' weights are kept
+    finally:  # also on Ctrl-C (mid-round, the weights as they are then)
         policy.lm.save_pretrained(os.path.join(run_dir, "policy"))  # the adapter only, with LoRA
         tokenizer.save_pretrained(os.path.join(run_dir, "policy"))
         torch.save(policy.v_head.state_dict(), os.path.join(run_dir, "value_head.pt"))

@@ -123,7 +123,10 @@ def test_interrupt_keeps_every_written_round(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "iif.py"), "--runs-dir", str(tmp_path), "--run-name", "r",
            "--env-id", "CartPole-v1", "--num-steps", "64", "--minibatch-size", "32", "--total-timesteps", "64000",
            "--eval-episodes", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a background job (e.g. CI started with &) ignores SIGINT, and Python keeps an ignored SIGINT ignored:
+    # restore the default, as an interactive terminal has it
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     path = tmp_path / "r" / "metrics.csv"
     deadline = time.time() + 120
     while time.time() < deadline and not (path.exists() and len(path.read_text().splitlines()) >= 3):

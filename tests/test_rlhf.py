@@ -193,6 +193,7 @@ def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy):
 
 @pytest.mark.parametrize("flag,name", [("--model-name", "no-such-org/no-such-model"),
                                        ("--dataset", "no-such-org/no-such-dataset"),
+                                       ("--dataset", "/nonexistent/prompts.jsonl"),
                                        ("--eval-reward-model", "/nonexistent/classifier")])
 def test_unloadable_name_stops_cleanly(tmp_path, toy, flag, name):
     args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "r", "--rounds", "1")
