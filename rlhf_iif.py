@@ -62,7 +62,8 @@ class Args:
     held_out_fraction: float = 0.2
     """prompts held out of training (TRL's example split); --target-data validation draws from them"""
 
-    # PPO for language models (TRL 0.11 defaults, the paper's batch settings)
+    # PPO for language models (TRL 0.11's defaults and the paper's batch settings; the KL settings are the
+    # released code's: TRL's defaults, which App. B.3 implies, are --init-kl-coef 0.2 --kl-target 6)
     batch_size: int = 256
     """episodes a round: the rollout buffer B(k)"""
     mini_batch_size: int = 1
@@ -269,8 +270,10 @@ def generate(policy, queries, tokenizer, args, device):
     for i, q in enumerate(queries):
         ids[i, P - len(q):P], attn[i, P - len(q):P] = torch.tensor(q), 1
     for idx in batches(len(queries), args.generation_batch_size):
+        # sample from pi_theta itself: every knob a model's generation_config may set is neutralised here
         out = policy.lm.generate(input_ids=ids[idx, :P].to(device), attention_mask=attn[idx, :P].to(device),
-                                 do_sample=True, top_k=0, top_p=1.0, max_new_tokens=T, min_new_tokens=0,
+                                 do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                                 repetition_penalty=1.0, no_repeat_ngram_size=0, max_new_tokens=T, min_new_tokens=0,
                                  pad_token_id=pad, eos_token_id=eos)
         ids[idx, P:out.shape[1]] = out[:, P:].cpu()
     is_eos = ids[:, P:] == eos  # a call that stops early does so because every row has reached EOS
