@@ -28,9 +28,9 @@ import torch  # noqa: E402
 
 import iif  # noqa: E402
 
-LABELS = {"influence": "IIF", "none": "Standard", "random": "Random"}
+LABELS = {"influence": "IIF", "none": "Standard", "random": "Random", "f_return": "IIF (f_return)"}
 COLORS = {"influence": "tab:red", "none": "tab:blue", "random": "tab:gray", "adv-error": "tab:orange",
-          "adv-product": "tab:purple", "td-weight": "tab:green"}
+          "adv-product": "tab:purple", "td-weight": "tab:green", "f_return": "tab:olive"}
 
 
 def read_metrics(path):
@@ -152,10 +152,13 @@ def smooth(x, w):
 
 
 def cmd_rlhf(args):
-    """Training reward and test toxicity over rounds and over runtime (Fig. 7); the rounds and runtime IIF
-    needs to reach standard PPO's final reward; the per-round runtime breakdown (Table 4)."""
+    """Training reward and test toxicity over rounds and over runtime (Fig. 7, 14); the rounds and runtime
+    each method needs to reach standard PPO's final reward; the per-round runtime breakdown (Table 4)."""
     runs = load_runs(args.runs, args.env)
-    labels = [lb for lb in LABELS if lb in runs]
+    labels = [lb for lb in LABELS if lb in runs] + sorted(lb for lb in runs if lb not in LABELS)
+    name = {lb: LABELS.get(lb, lb) for lb in labels}
+    others = iter(["tab:cyan", "tab:brown", "tab:pink", "black"])
+    color = {lb: COLORS[lb] if lb in COLORS else next(others, None) for lb in labels}
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
     for label in labels:
         n = min(len(rows) for rows in runs[label].values())
@@ -166,8 +169,8 @@ def cmd_rlhf(args):
         for ax, key, xs in ((axes[0], "reward_mean", x), (axes[1], "eval_toxicity", x), (axes[2], "reward_mean", t)):
             c = np.array([[r[key] for r in rs[:n]] for rs in rows])
             mean, std = c.mean(0), c.std(0)
-            ax.plot(xs, mean, color=COLORS[label], label=f"{LABELS[label]} ({len(c)} seeds)")
-            ax.fill_between(xs, mean - std, mean + std, color=COLORS[label], alpha=0.2, linewidth=0)
+            ax.plot(xs, mean, color=color[label], label=f"{name[label]} ({len(c)} seeds)")
+            ax.fill_between(xs, mean - std, mean + std, color=color[label], alpha=0.2, linewidth=0)
     for ax, title, xlabel in zip(axes, ("training reward", "test toxicity", "training reward"),
                                  ("round", "round", "seconds (generation, forward, influence, optimisation)")):
         ax.set(title=title, xlabel=xlabel)
@@ -182,25 +185,26 @@ def cmd_rlhf(args):
     for label in labels:
         fin = [smooth([r["reward_mean"] for r in rs], w)[-1] for rs in runs[label].values()]
         tox = [[r["eval_toxicity"] for r in rs] for rs in runs[label].values()]
-        print(f"| {LABELS[label]} | {len(next(iter(runs[label].values())))} | {np.mean(fin):.2f} ± {np.std(fin):.2f} | "
+        print(f"| {name[label]} | {len(next(iter(runs[label].values())))} | {np.mean(fin):.2f} ± {np.std(fin):.2f} | "
               f"{np.mean([np.nanmean(x[-w:]) for x in tox]):.3f} | {np.mean([x[0] for x in tox]):.3f} |")
-    if "none" in runs and "influence" in runs:  # per seed: when does IIF first reach standard's final reward?
-        print(f"\nRounds and runtime IIF needs to reach standard PPO's final reward (per seed, smoothed):\n")
-        print("| seed | level | rounds IIF / standard | runtime IIF / standard |")
-        print("|---|---|---|---|")
-        for seed in sorted(set(runs["none"]) & set(runs["influence"])):
-            sm = {lb: smooth([r["reward_mean"] for r in runs[lb][seed]], w) for lb in ("none", "influence")}
-            ts = {lb: np.cumsum([r["t_generate"] + r["t_forward"] + r["t_influence"] + r["t_optim"]
-                                 for r in runs[lb][seed]]) for lb in ("none", "influence")}
-            v = sm["none"][-1]
-            m = {lb: next((j for j, r in enumerate(sm[lb]) if r >= v), None) for lb in sm}
-            if m["influence"] is None:
-                print(f"| {seed} | {v:.2f} | not reached | - |")
-                continue
-            r_iif, r_std = m["influence"] + w, m["none"] + w  # the round that completes the window
-            print(f"| {seed} | {v:.2f} | {r_iif} / {r_std} = {r_iif / r_std:.0%} | "
-                  f"{ts['influence'][r_iif - 1]:.0f} s / {ts['none'][r_std - 1]:.0f} s = "
-                  f"{ts['influence'][r_iif - 1] / ts['none'][r_std - 1]:.0%} |")
+    if "none" in runs:  # per seed: when does each method first reach standard PPO's final reward?
+        print("\nRounds and runtime to reach standard PPO's final reward (per seed, smoothed):\n")
+        print("| method | seed | level | rounds / standard's | runtime / standard's |")
+        print("|---|---|---|---|---|")
+        cum_t = {lb: {s: np.cumsum([r["t_generate"] + r["t_forward"] + r["t_influence"] + r["t_optim"] for r in rs])
+                      for s, rs in runs[lb].items()} for lb in labels}
+        for label in [lb for lb in labels if lb != "none"]:
+            for seed in sorted(set(runs["none"]) & set(runs[label])):
+                sm = {lb: smooth([r["reward_mean"] for r in runs[lb][seed]], w) for lb in ("none", label)}
+                v = sm["none"][-1]
+                m = {lb: next((j for j, r in enumerate(sm[lb]) if r >= v), None) for lb in sm}
+                if m[label] is None:
+                    print(f"| {name[label]} | {seed} | {v:.2f} | not reached | - |")
+                    continue
+                r_lb, r_std = m[label] + w, m["none"] + w  # the round that completes the window
+                t_lb, t_std = cum_t[label][seed][r_lb - 1], cum_t["none"][seed][r_std - 1]
+                print(f"| {name[label]} | {seed} | {v:.2f} | {r_lb} / {r_std} = {r_lb / r_std:.0%} | "
+                      f"{t_lb:.0f} s / {t_std:.0f} s = {t_lb / t_std:.0%} |")
     keys = ("t_generate", "t_forward", "t_influence", "t_optim")
     print("\nPer-round runtime, seconds, mean over rounds and seeds (Table 4):\n")
     print("| method | generation & scoring | forward | influence | optimisation | total | episodes kept |")
@@ -209,7 +213,7 @@ def cmd_rlhf(args):
     mean = {label: [np.mean([r[k] for r in rows[label]]) for k in keys] for label in labels}
     for label in labels:
         rel = f" ({sum(mean[label]) / sum(mean['none']):.0%} of standard)" if label != "none" and "none" in mean else ""
-        print(f"| {LABELS[label]} | " + " | ".join(f"{x:.2f}" for x in mean[label]) + f" | {sum(mean[label]):.2f}{rel} | "
+        print(f"| {name[label]} | " + " | ".join(f"{x:.2f}" for x in mean[label]) + f" | {sum(mean[label]):.2f}{rel} | "
               f"{np.mean([r['n_kept'] for r in rows[label]]):.1f} |")
     print(f"wrote {args.out}")
 
