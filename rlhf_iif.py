@@ -58,7 +58,8 @@ class Args:
     prompt_max_tokens: int = 15
     """see --prompt-min-tokens"""
     gen_tokens: int = 30
-    """tokens sampled per continuation (top_k 0, top_p 1: the policy's own distribution)"""
+    """tokens sampled per continuation, fewer if EOS comes first (top_k 0, top_p 1, temperature 1: the
+    policy's own distribution)"""
     held_out_fraction: float = 0.2
     """prompts held out of training (TRL's example split); --target-data validation draws from them"""
 
