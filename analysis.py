@@ -159,13 +159,14 @@ def cmd_rlhf(args):
     name = {lb: LABELS.get(lb, lb) for lb in labels}
     others = iter(["tab:cyan", "tab:brown", "tab:pink", "black"])
     color = {lb: COLORS[lb] if lb in COLORS else next(others, None) for lb in labels}
+    keys = ("t_generate", "t_forward", "t_influence", "t_optim")
+    cum_t = {lb: {s: np.cumsum([sum(r[k] for k in keys) for r in rs]) for s, rs in runs[lb].items()} for lb in labels}
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
     for label in labels:
         n = min(len(rows) for rows in runs[label].values())
         rows = list(runs[label].values())
         x = np.arange(1, n + 1)
-        t = np.mean([np.cumsum([r["t_generate"] + r["t_forward"] + r["t_influence"] + r["t_optim"] for r in rs[:n]])
-                     for rs in rows], 0)
+        t = np.mean([ts[:n] for ts in cum_t[label].values()], 0)
         for ax, key, xs in ((axes[0], "reward_mean", x), (axes[1], "eval_toxicity", x), (axes[2], "reward_mean", t)):
             c = np.array([[r[key] for r in rs[:n]] for rs in rows])
             mean, std = c.mean(0), c.std(0)
@@ -191,8 +192,6 @@ def cmd_rlhf(args):
         print("\nRounds and runtime to reach standard PPO's final reward (per seed, smoothed):\n")
         print("| method | seed | level | rounds / standard's | runtime / standard's |")
         print("|---|---|---|---|---|")
-        cum_t = {lb: {s: np.cumsum([r["t_generate"] + r["t_forward"] + r["t_influence"] + r["t_optim"] for r in rs])
-                      for s, rs in runs[lb].items()} for lb in labels}
         for label in [lb for lb in labels if lb != "none"]:
             for seed in sorted(set(runs["none"]) & set(runs[label])):
                 sm = {lb: smooth([r["reward_mean"] for r in runs[lb][seed]], w) for lb in ("none", label)}
@@ -205,7 +204,6 @@ def cmd_rlhf(args):
                 t_lb, t_std = cum_t[label][seed][r_lb - 1], cum_t["none"][seed][r_std - 1]
                 print(f"| {name[label]} | {seed} | {v:.2f} | {r_lb} / {r_std} = {r_lb / r_std:.0%} | "
                       f"{t_lb:.0f} s / {t_std:.0f} s = {t_lb / t_std:.0%} |")
-    keys = ("t_generate", "t_forward", "t_influence", "t_optim")
     print("\nPer-round runtime, seconds, mean over rounds and seeds (Table 4):\n")
     print("| method | generation & scoring | forward | influence | optimisation | total | episodes kept |")
     print("|---|---|---|---|---|---|---|")

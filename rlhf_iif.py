@@ -327,7 +327,8 @@ def rollout(policy, ref, queries, kl_coef, rm, tokenizer, args, device):
     ids, attn, mask = generate(policy, queries, tokenizer, args, device)
     b = dict(ids=ids, attn=attn, mask=mask)
     rm_model, rm_tok, rm_label = rm
-    b["scores"] = classify(rm_model, rm_tok, continuations(tokenizer, b), device)[:, rm_label]
+    b["texts"] = continuations(tokenizer, b)
+    b["scores"] = classify(rm_model, rm_tok, b["texts"], device)[:, rm_label]
     t1 = timer(device)
     T = mask.shape[1]
     with torch.no_grad():
@@ -335,8 +336,9 @@ def rollout(policy, ref, queries, kl_coef, rm, tokenizer, args, device):
                for i in batches(len(ids), args.forward_batch_size)]
     b["logprobs"], b["values"], b["ref_logprobs"] = (torch.cat(x) for x in zip(*out))
     # TRL's compute_rewards: r_t = -beta (log pi - log pi_ref)(y_t), plus the classifier's score at the last token
-    b["kl"] = ((b["logprobs"] - b["ref_logprobs"]) * mask).sum(1)
-    rewards = -kl_coef * (b["logprobs"] - b["ref_logprobs"]) * mask
+    kl = (b["logprobs"] - b["ref_logprobs"]) * mask
+    b["kl"] = kl.sum(1)
+    rewards = -kl_coef * kl
     b["last"] = mask.sum(1).long() - 1
     rewards[torch.arange(len(ids)), b["last"]] += b["scores"]
     adv, b["returns"] = compute_gae(rewards, b["values"], mask, args.gamma, args.lam)
@@ -409,12 +411,12 @@ def ppo_update(policy, optimizer, b, kept_idx, args, gen):
         perm = kept_idx[torch.randperm(len(kept_idx), generator=gen)]
         for start in range(0, len(perm), args.mini_batch_size):
             loss = ppo_losses(policy, b, perm[start:start + args.mini_batch_size], args).mean()
-            if not torch.isfinite(loss):
+            losses.append(loss.item())  # one device sync per step, for the check and the log
+            if not np.isfinite(losses[-1]):
                 raise FloatingPointError(f"non-finite PPO loss at epoch {epoch}, step {n_updates}")
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            losses.append(loss.item())
             n_updates += 1
     return n_updates, float(np.mean(losses)) if losses else float("nan")
 
@@ -546,7 +548,7 @@ def main(args):
                 row["t_eval"] = timer(device) - t0
             writer.writerow(row)
             metrics_file.flush()
-            for i, text in enumerate(continuations(tokenizer, b)):
+            for i, text in enumerate(b["texts"]):
                 episodes_file.write(json.dumps(dict(
                     round=k, prompt=tokenizer.decode(queries[i]), continuation=text, reward=b["scores"][i].item(),
                     influence=None if scores is None else scores[i].item(), kept=bool(kept[i]))) + "\n")
