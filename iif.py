@@ -90,10 +90,23 @@ class Args:
     """entropy bonus coefficient"""
     vf_coef: float = 0.5
     """value loss coefficient"""
-    max_grad_norm: float = 0.5
-    """global gradient-norm clip (0 disables it)"""
-    norm_adv: bool = True
-    """normalise advantages (once per round, over the whole buffer)"""
+    # The released code's choices, which produced the paper's numbers (README, "What changes the numbers")
+    max_grad_norm: float = 0.0
+    """global gradient-norm clip, 0 disables it (the released code: none, its clip line is commented out;
+    App. B.2 and SB3: 0.5)"""
+    adv_norm: Literal["minibatch", "buffer", "none"] = "minibatch"
+    """how training normalises A_hat: minibatch: each minibatch by its own mean and std, after filtering
+    (the released code and SB3); buffer: once over the whole buffer, before filtering; none: raw"""
+    target_adv: Literal["raw", "normalized"] = "raw"
+    """the A_hat weighting f_return: raw GAE estimates (the paper's definition and the released code) or
+    normalised over the buffer"""
+    influence_loss: Literal["policy", "full"] = "policy"
+    """the per-record loss l_i inside the influence: policy: the clipped surrogate and entropy only (the
+    released code); full: the PPO loss the update minimises, value term included. They differ only where
+    policy and value share parameters (MiniGrid's CNN)"""
+    filter_ties: Literal["keep", "drop"] = "keep"
+    """records tied with the score at the cut: keep: only records strictly below it are dropped (the
+    released code); drop: exactly floor(p x negatives) are dropped, ties broken by buffer order"""
 
 
 # App. B.1-B.2: the paper's budget, optimizer, filter p and test episodes for each environment
@@ -226,16 +239,22 @@ def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     return advantages, advantages + values
 
 
-def ppo_losses(agent, b, idx, args, params=None):
+def normalize(x):
+    return (x - x.mean()) / (x.std() + 1e-8)
+
+
+def ppo_losses(agent, b, idx, args, params=None, adv=None, vf_coef=None):
     """Per-record PPO loss l_i: clipped surrogate (Sec. 2.1) + vf_coef x squared value error
     - ent_coef x entropy. An optimizer step minimises the mean of l_i over its minibatch.
-    params: parameter tensors to evaluate the agent at (for torch.func), by default its own."""
+    params: parameter tensors to evaluate the agent at (for torch.func), by default its own;
+    adv: the records' advantages (default b["advantages"][idx]); vf_coef: default args.vf_coef."""
     obs, actions = b["obs"][idx], b["actions"][idx]
     logp, ent, value = agent(obs, actions) if params is None else functional_call(agent, params, (obs, actions))
     ratio = (logp - b["logprobs"][idx]).exp()
-    adv = b["advantages"][idx]
+    adv = b["advantages"][idx] if adv is None else adv
     pg = -torch.min(ratio * adv, ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef) * adv)
-    return pg + args.vf_coef * (b["returns"][idx] - value) ** 2 - args.ent_coef * ent
+    vf_coef = args.vf_coef if vf_coef is None else vf_coef
+    return pg + vf_coef * (b["returns"][idx] - value) ** 2 - args.ent_coef * ent
 
 
 def target_fn(agent, params, t_obs, t_actions, t_weights):
@@ -246,17 +265,26 @@ def target_fn(agent, params, t_obs, t_actions, t_weights):
     return (logp * t_weights).mean()
 
 
-def influence(agent, b, idx, target, args):
+def influence(agent, b, idx, target, args, adv=None):
     """Influence of records idx (Sec. 3.1): I_i = <grad f(theta), -grad l_i(theta)>, at the agent's
     current parameters. Exact and batched: one backward pass gives g = grad f, one forward-mode pass
-    (jvp) gives the directional derivatives dl_i/dtheta . g of all records at once."""
+    (jvp) gives the directional derivatives dl_i/dtheta . g of all records at once. adv: the A_hat
+    of the records inside l_i (default b["advantages"][idx]); --influence-loss policy drops l_i's value term."""
+    vf_coef = 0.0 if args.influence_loss == "policy" else args.vf_coef
     params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
     grads = torch.autograd.grad(target_fn(agent, params, *target), list(params.values()), allow_unused=True)
     g = {k: gk for k, gk in zip(params, grads) if gk is not None}  # f never reaches a separate critic: no tangent
     primals = {k: params[k].detach() for k in g}
     frozen = {k: v.detach() for k, v in params.items() if k not in g}
-    _, dl = jvp(lambda p: ppo_losses(agent, b, idx, args, {**frozen, **p}), (primals,), (g,))
+    _, dl = jvp(lambda p: ppo_losses(agent, b, idx, args, {**frozen, **p}, adv, vf_coef), (primals,), (g,))
     return -dl
+
+
+def scoring_advantages(b, args):
+    """The A_hat of each record inside l_i when it is scored at theta(k). With --adv-norm minibatch, the
+    buffer's normalisation: the expected statistics of the minibatches the record will meet (the released
+    scorer used those of its first-epoch minibatch)."""
+    return normalize(b["advantages"]) if args.adv_norm == "minibatch" else b["advantages"]
 
 
 def mc_advantage(states, actions, rewards, dones, gamma):
@@ -292,27 +320,28 @@ def td_sampling_probs(b, gamma, alpha=0.6):
     return (w / w.sum()).numpy()
 
 
-def filter_records(scores, method, p, gen, a_mc=None, a_hat=None):
+def filter_records(scores, method, p, gen, a_mc=None, a_hat=None, ties="drop"):
     """Stage II of Alg. 1: returns (kept mask, n_negative). Drops floor(p * n_candidates) records.
     'influence': the candidates are the negative records, most negative first, ties broken by buffer
-    order (a buffer with no negative record is kept whole); 'random': as many as 'influence' drops,
-    uniformly at random. App. C.4: the candidates are the records whose Monte-Carlo advantage a_mc and
-    estimate a_hat disagree in sign, largest |a_mc - a_hat| first ('adv-error') or most negative
-    a_mc * a_hat first ('adv-product'). 'none' and 'td-weight' drop nothing."""
+    order (a buffer with no negative record is kept whole); with ties="keep", records whose score equals
+    the first kept one's stay too (the released code); 'random': as many as 'influence' drops, uniformly
+    at random. App. C.4: the candidates are the records whose Monte-Carlo advantage a_mc and estimate
+    a_hat disagree in sign, largest |a_mc - a_hat| first ('adv-error') or most negative a_mc * a_hat
+    first ('adv-product'). 'none' and 'td-weight' drop nothing."""
     n_neg = int((scores < 0).sum())
-    n_cand = n_neg
-    if method == "influence":
-        order = torch.argsort(scores, stable=True)
+    if method in ("none", "td-weight"):
+        return torch.ones(len(scores), dtype=torch.bool), n_neg
+    n_drop = math.floor(p * n_neg + 1e-9)  # 1e-9: 0.29 * 100 = 28.999..
+    order = torch.argsort(scores, stable=True)
+    if ties == "keep" and n_drop < len(scores):
+        n_drop = int((scores < scores[order[n_drop]]).sum())
+    if method == "random":
+        order = torch.randperm(len(scores), generator=gen)
     elif method in ("adv-error", "adv-product"):
         mismatch = a_mc * a_hat < 0  # False where a_mc is nan
         badness = (a_mc - a_hat).abs() if method == "adv-error" else -a_mc * a_hat
         order = torch.argsort(torch.where(mismatch, badness, -torch.inf), descending=True, stable=True)
-        n_cand = int(mismatch.sum())
-    elif method == "random":
-        order = torch.randperm(len(scores), generator=gen)
-    else:  # none, td-weight
-        return torch.ones(len(scores), dtype=torch.bool), n_neg
-    n_drop = math.floor(p * n_cand + 1e-9)  # 1e-9: 0.29 * 100 = 28.999..
+        n_drop = math.floor(p * int(mismatch.sum()) + 1e-9)
     kept = torch.ones(len(scores), dtype=torch.bool)
     kept[order[:n_drop]] = False
     return kept, n_neg
@@ -323,7 +352,9 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
     size; when it does not divide the kept count, each epoch's (reshuffled) remainder is skipped, as
     in the authors' code, so a filtered round takes fewer optimizer steps. With a target, also
     returns the TracIn influence of Sec. 3.1, summed over every step whose minibatch holds the record.
-    With sample_p (App. C.5), each epoch draws its records with these probabilities, with replacement."""
+    Each step's scores are weighted by the factor clipping scaled that step by, so they add up as the
+    steps do. With sample_p (App. C.5), each epoch draws its records with these probabilities, with
+    replacement. --adv-norm minibatch normalises each minibatch's advantages here, after filtering."""
     mbs = args.minibatch_size
     tracin = torch.zeros(len(b["advantages"]), dtype=b["advantages"].dtype) if target is not None else None
     n_updates, t_tracin = 0, 0.0
@@ -332,17 +363,24 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
                                         rng.choice(len(kept_idx), size=len(kept_idx), p=sample_p))]
         for start in range(0, len(perm) - mbs + 1, mbs):
             mb_inds = perm[start:start + mbs]
+            mb_adv = b["advantages"][mb_inds]
+            if args.adv_norm == "minibatch":
+                mb_adv = normalize(mb_adv)
             if tracin is not None:
                 t0 = time.perf_counter()
-                tracin.index_add_(0, mb_inds, influence(agent, b, mb_inds, target, args))
+                step_scores = influence(agent, b, mb_inds, target, args, mb_adv)
                 t_tracin += time.perf_counter() - t0
-            loss = ppo_losses(agent, b, mb_inds, args).mean()
+            loss = ppo_losses(agent, b, mb_inds, args, adv=mb_adv).mean()
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite PPO loss ({loss.item()}) at epoch {epoch}, step {n_updates}")
             optimizer.zero_grad()
             loss.backward()
+            scale = 1.0
             if args.max_grad_norm > 0:
-                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                scale = min(1.0, args.max_grad_norm / (norm.item() + 1e-6))  # the factor clip_grad_norm_ applied
+            if tracin is not None:
+                tracin.index_add_(0, mb_inds, scale * step_scores)
             optimizer.step()
             n_updates += 1
     return n_updates, tracin, t_tracin
@@ -511,15 +549,16 @@ def main(args):
         buf["advantages"], buf["returns"] = compute_gae(buf["rewards"], buf["values"], buf["next_values"],
                                                         buf["terminations"], buf["dones"], args.gamma, args.gae_lambda)
         b = {key: v.flatten(0, 1) for key, v in buf.items()}  # (steps, envs, ...) -> one record per row
-        if args.norm_adv:  # once over the whole buffer, so scoring and training see the same A_hat of a record
-            b["advantages"] = (b["advantages"] - b["advantages"].mean()) / (b["advantages"].std() + 1e-8)
+        a_raw, a_norm = b["advantages"], normalize(b["advantages"])
+        if args.adv_norm == "buffer":  # once over the whole buffer: scoring and training see the same A_hat
+            b["advantages"] = a_norm
         t_rollout = time.perf_counter() - t0
 
         # Stage II (Alg. 1): score every record at theta(k) (Sec. 5.1) and filter the bottom ones
         t0 = time.perf_counter()
-        target = (b["obs"], b["actions"], b["advantages"]) if args.target == "f_return" else \
-            (args.target_obs, args.target_act, torch.ones(1))
-        scores = influence(agent, b, torch.arange(args.batch_size), target, args)
+        target = (b["obs"], b["actions"], a_raw if args.target_adv == "raw" else a_norm) if args.target == "f_return" \
+            else (args.target_obs, args.target_act, torch.ones(1))
+        scores = influence(agent, b, torch.arange(args.batch_size), target, args, scoring_advantages(b, args))
         if not torch.isfinite(scores).all():
             fail(f"round {k}: non-finite influence scores; lower --learning-rate")
         a_mc = a_hat = sample_p = None
@@ -528,7 +567,7 @@ def main(args):
             a_mc = torch.from_numpy(mc_advantage(keys, actions.reshape(T, N, -1)[..., 0], rewards,
                                                  terminations | truncations, args.gamma).reshape(-1))
             a_hat = (b["returns"] - b["values"]).double()
-        kept, n_negative = filter_records(scores, args.filter_method, args.filter_p, gen, a_mc, a_hat)
+        kept, n_negative = filter_records(scores, args.filter_method, args.filter_p, gen, a_mc, a_hat, args.filter_ties)
         if args.filter_method == "td-weight":
             sample_p = td_sampling_probs(b, args.gamma)
         t_influence = time.perf_counter() - t0

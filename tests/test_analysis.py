@@ -43,7 +43,17 @@ def test_efficiency_with_a_level_iif_never_reaches():
     assert e["n_unreached"] == 1
     assert e["se_ave"] == pytest.approx(np.mean([0, 1 - 1 / 2, 1 - 4 / 3]))
     assert e["se_peak"] == pytest.approx(1 - 4 / 3)
-    assert e["rt_peak"] == pytest.approx(1 - 3 / 3)  # all of IIF's time against standard's time to its peak
+    assert e["rt_peak"] == pytest.approx(1 - 3 / 3)  # all of IIF's time against all of standard's
+
+
+def test_rt_peak_divides_by_standard_time_over_all_rounds():
+    # Table 3's formula: standard peaks at round 3 of 5, but its denominator is all 5 rounds' optimisation
+    std = [dict(test_return_mean=r, t_optim=t, t_influence=0.0)
+           for r, t in zip([0.1, 0.4, 0.9, 0.8, 0.7], [2.0, 2.0, 2.0, 1.0, 1.0])]
+    iif = [dict(test_return_mean=r, t_optim=1.0, t_influence=0.25) for r in [0.4, 0.9, 0.9, 0.9, 0.9]]
+    e = analysis.efficiency(std, iif)
+    assert e["se_peak"] == pytest.approx(1 - 2 / 3)
+    assert e["rt_peak"] == pytest.approx(1 - 2 * 1.25 / 8.0)  # 0.6875; standard's time to its peak (6 s) would give 0.583
 
 
 def test_roughness_on_a_small_graph():

@@ -61,10 +61,11 @@ def test_saved_rounds_hold_theta_k_and_the_scored_buffer(tmp_path):
                 "advantages", "influence", "kept", "influence_tracin", "state_dict"):
         assert key in r0, key
     assert r0["obs"].shape == (32, 16) and r0["influence"].shape == r0["kept"].shape == (32,)
-    assert torch.allclose(r0["advantages"].mean(), torch.tensor(0.0), atol=1e-5)  # normalised, as trained on
-    assert int((~r0["kept"]).sum()) == int((r0["influence"] < 0).sum()) // 2
-    dropped_max = r0["influence"][~r0["kept"]].max() if (~r0["kept"]).any() else -float("inf")
-    assert dropped_max <= r0["influence"][r0["kept"]].min() or (r0["influence"][r0["kept"]] < 0).any()
+    # raw GAE estimates: with --adv-norm minibatch the update normalises each minibatch
+    torch.testing.assert_close(r0["advantages"], r0["returns"] - r0["values"], rtol=1e-4, atol=1e-5)
+    n_dropped = int((~r0["kept"]).sum())
+    assert 0 < n_dropped <= int((r0["influence"] < 0).sum()) // 2  # fewer where records tie at the cut
+    assert r0["influence"][~r0["kept"]].max() < r0["influence"][r0["kept"]].min()  # ties at the cut are kept
     assert (r0["influence_tracin"][~r0["kept"]] == 0).all()  # dropped records take no optimizer step
     # theta(0) is the initial network, theta(1) differs: the round-0 update happened between them
     agent = iif.Agent(iif.gym.spaces.Box(0, 1, (16,)), iif.gym.spaces.Discrete(4))

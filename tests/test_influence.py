@@ -10,7 +10,8 @@ import torch
 
 import iif
 
-ARGS = SimpleNamespace(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, minibatch_size=8, update_epochs=2, max_grad_norm=0.5)
+ARGS = SimpleNamespace(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, minibatch_size=8, update_epochs=2, max_grad_norm=0.5,
+                       adv_norm="buffer", influence_loss="full")
 
 SPACES = {
     "mlp": (gym.spaces.Box(-1, 1, (6,)), gym.spaces.Discrete(3)),
@@ -105,18 +106,21 @@ def test_tracin_equals_explicit_step_by_step_sum(kind):
     rng = np.random.default_rng(7)
     ref = torch.zeros(32, dtype=torch.float64)
     params = list(ref_agent.parameters())
+    scales = []
     for _ in range(ARGS.update_epochs):
         perm = kept[torch.as_tensor(rng.permutation(len(kept)))]
         for start in range(0, 24, 8):
             mb = perm[start:start + 8]
-            ref[mb] += reference_influence(ref_agent, b, mb, target, ARGS)
+            step_scores = reference_influence(ref_agent, b, mb, target, ARGS)
             loss = sum(reference_loss(ref_agent, b, int(i), ARGS) for i in mb) / len(mb)
             grads = torch.autograd.grad(loss, params)
             norm = torch.sqrt(sum((g ** 2).sum() for g in grads))
-            scale = min(1.0, ARGS.max_grad_norm / (norm.item() + 1e-6))
+            scales.append(min(1.0, ARGS.max_grad_norm / (norm.item() + 1e-6)))
+            ref[mb] += scales[-1] * step_scores  # the step moved theta scale x as far as the unclipped gradient
             with torch.no_grad():
                 for p, g in zip(params, grads):
-                    p -= 0.05 * scale * g
+                    p -= 0.05 * scales[-1] * g
+    assert min(scales) < 0.9  # clipping is active in this test
     assert (ref[torch.arange(32) % 5 == 0] == 0).all()
     torch.testing.assert_close(tracin, ref, rtol=1e-5, atol=1e-10 * ref.abs().max().item())
     for p, q in zip(agent.parameters(), params):
@@ -128,10 +132,14 @@ def test_snapshot_is_the_first_tracin_term():
     agent, b = make_agent_and_buffer("mlp", n=8)
     target = targets(agent, b)["f_return"]
     snapshot = iif.influence(agent, b, torch.arange(8), target, ARGS)
-    one_step = SimpleNamespace(**{**vars(ARGS), "update_epochs": 1, "minibatch_size": 8})
-    _, tracin, _ = iif.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.1), b, torch.arange(8), one_step,
-                                  np.random.default_rng(0), target)
-    torch.testing.assert_close(tracin, snapshot)
+    for max_grad_norm in (0.0, 0.5):
+        one_step = SimpleNamespace(**{**vars(ARGS), "update_epochs": 1, "minibatch_size": 8,
+                                      "max_grad_norm": max_grad_norm})
+        _, tracin, _ = iif.ppo_update(copy.deepcopy(agent), torch.optim.SGD(agent.parameters(), lr=0.1), b,
+                                      torch.arange(8), one_step, np.random.default_rng(0), target)
+        scale = tracin / snapshot  # clipping scales the step, and so its scores, by one factor
+        torch.testing.assert_close(scale, scale[0].expand(8))
+        assert (scale[0] == 1.0) if max_grad_norm == 0 else (scale[0] < 1.0)
 
 
 # ---- filtering (Alg. 1, Stage II) ----
@@ -169,6 +177,20 @@ def test_random_filter_drops_the_same_count_uniformly():
     # positive and negative records are dropped alike (each with probability 25/101)
     assert abs(drops[:50].mean() - drops[51:].mean()) < 0.1 * drops.mean()
     assert drops.min() > 0
+
+
+def test_keep_ties_drops_only_records_strictly_below_the_cut():
+    scores = torch.tensor([-2.0, 1.0, -3.0, -2.0, -1.0, -2.0, 0.5])  # 5 negatives: floor(0.5 x 5) = 2 to drop
+    kept, _ = iif.filter_records(scores, "influence", 0.5, torch.Generator())
+    assert torch.nonzero(~kept).flatten().tolist() == [0, 2]  # -3, then the first -2 in buffer order
+    kept, _ = iif.filter_records(scores, "influence", 0.5, torch.Generator(), ties="keep")
+    assert torch.nonzero(~kept).flatten().tolist() == [2]  # the cut's score is -2: every -2 stays
+    kept, _ = iif.filter_records(scores, "random", 0.5, torch.Generator().manual_seed(0), ties="keep")
+    assert int((~kept).sum()) == 1  # random drops as many as influence does under the same rule
+    kept, _ = iif.filter_records(scores, "influence", 1.0, torch.Generator(), ties="keep")
+    assert torch.nonzero(~kept).flatten().tolist() == [0, 2, 3, 4, 5]  # p = 1: every negative either way
+    kept, _ = iif.filter_records(-torch.ones(4), "influence", 1.0, torch.Generator(), ties="keep")
+    assert not kept.any()  # all negative and p = 1: no score left to cut at
 
 
 def test_floor_is_robust_to_float_rounding():
@@ -246,10 +268,76 @@ def test_sampled_minibatches_follow_the_given_probabilities():
     target = targets(agent, b)["f_return"]
     p = np.zeros(16)
     p[[2, 9]] = 0.5
-    _, tracin, _ = iif.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.0), b, torch.arange(16), ARGS,
+    no_clip = SimpleNamespace(**{**vars(ARGS), "max_grad_norm": 0.0})  # unscaled steps: scores count draws
+    _, tracin, _ = iif.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.0), b, torch.arange(16), no_clip,
                                   np.random.default_rng(0), target, sample_p=p)
     assert set(torch.nonzero(tracin).flatten().tolist()) == {2, 9}
     # with lr 0 every step scores at theta(k): the summed TracIn counts each draw of a record
     snapshot = iif.influence(agent, b, torch.arange(16), target, ARGS)
     draws = tracin[[2, 9]] / snapshot[[2, 9]]
     assert torch.allclose(draws, draws.round()) and draws.round().sum().item() == ARGS.update_epochs * 16
+
+
+# ---- the released code's choices (README, "What changes the numbers") ----
+
+def test_policy_only_influence_equals_per_record_autograd_without_the_value_term():
+    policy = SimpleNamespace(**{**vars(ARGS), "influence_loss": "policy"})
+    for kind in ("mlp", "cnn_shared"):
+        agent, b = make_agent_and_buffer(kind)
+        target = targets(agent, b)["f_return"]
+        idx = torch.arange(len(b["advantages"]))
+        ours = iif.influence(agent, b, idx, target, policy)
+        ref = reference_influence(agent, b, idx, target, SimpleNamespace(**{**vars(ARGS), "vf_coef": 0.0}))
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-10 * ref.abs().max().item())
+        full = iif.influence(agent, b, idx, target, ARGS)
+        # separate networks: the value term cannot reach f's parameters; the shared CNN: it does
+        assert torch.allclose(ours, full, rtol=1e-9, atol=0) == (kind == "mlp"), kind
+
+
+def test_minibatch_normalisation_after_filtering(monkeypatch):
+    agent, b = make_agent_and_buffer("mlp", n=40)
+    b["advantages"] = 5.0 + 3.0 * b["advantages"]  # raw GAE estimates: far from mean 0, std 1
+    kept = torch.arange(40)[torch.arange(40) % 4 != 0]  # 30 kept: 3 minibatches of 8 per epoch
+    seen, losses = [], iif.ppo_losses
+
+    def spy(agent, b, idx, args, params=None, adv=None, vf_coef=None):
+        seen.append((idx.clone(), adv.clone()))
+        return losses(agent, b, idx, args, params, adv, vf_coef)
+
+    monkeypatch.setattr(iif, "ppo_losses", spy)
+    mb_args = SimpleNamespace(**{**vars(ARGS), "adv_norm": "minibatch"})
+    iif.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.01), b, kept, mb_args, np.random.default_rng(0))
+    assert len(seen) == 2 * 3
+    for idx, adv in seen:
+        assert set(idx.tolist()) <= set(kept.tolist())
+        assert abs(adv.mean().item()) < 1e-9 and abs(adv.std().item() - 1) < 1e-6
+        torch.testing.assert_close(adv, iif.normalize(b["advantages"][idx]))
+    seen.clear()
+    iif.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.01), b, kept, ARGS, np.random.default_rng(0))
+    assert all(torch.equal(adv, b["advantages"][idx]) for idx, adv in seen)  # buffer mode: as stored
+
+
+@pytest.mark.parametrize("adv_norm", ["buffer", "minibatch"])
+@pytest.mark.parametrize("target_adv", ["raw", "normalized"])
+def test_main_passes_the_chosen_advantages_to_target_and_scoring(tmp_path, monkeypatch, adv_norm, target_adv):
+    import tyro
+    calls, scorer = [], iif.influence
+
+    def spy(agent, b, idx, target, args, adv=None):
+        calls.append((dict(b), target, adv))
+        return scorer(agent, b, idx, target, args, adv)
+
+    monkeypatch.setattr(iif, "influence", spy)
+    args = iif.resolve_args(tyro.cli(iif.Args, args=[
+        "--env-id", "Acrobot-v1", "--num-steps", "256", "--total-timesteps", "256", "--update-epochs", "1",
+        "--eval-episodes", "1", "--runs-dir", str(tmp_path), "--run-name", "r", "--adv-norm", adv_norm,
+        "--target-adv", target_adv]))
+    iif.main(args)
+    (b, (t_obs, t_actions, t_weights), adv), = calls
+    raw = b["returns"] - b["values"]  # the GAE estimate A_hat
+    assert raw.mean().abs() > 0.5 * raw.std()  # Acrobot's early A_hat is far from mean 0: the choice matters
+    torch.testing.assert_close(t_weights, raw if target_adv == "raw" else iif.normalize(raw), rtol=1e-4, atol=1e-4)
+    assert torch.equal(t_obs, b["obs"]) and torch.equal(t_actions, b["actions"])
+    torch.testing.assert_close(adv, iif.normalize(raw), rtol=1e-4, atol=1e-4)  # l_i sees normalised A_hat in both
+    torch.testing.assert_close(b["advantages"], iif.normalize(raw) if adv_norm == "buffer" else raw,
+                               rtol=1e-4, atol=1e-4)  # what training starts from
