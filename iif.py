@@ -375,11 +375,10 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
                 raise FloatingPointError(f"non-finite PPO loss ({loss.item()}) at epoch {epoch}, step {n_updates}")
             optimizer.zero_grad()
             loss.backward()
-            scale = 1.0
             if args.max_grad_norm > 0:
                 norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                scale = min(1.0, args.max_grad_norm / (norm.item() + 1e-6))  # the factor clip_grad_norm_ applied
-            if tracin is not None:
+            if tracin is not None:  # weighted by the factor clip_grad_norm_ scaled this step by
+                scale = min(1.0, args.max_grad_norm / (norm.item() + 1e-6)) if args.max_grad_norm > 0 else 1.0
                 tracin.index_add_(0, mb_inds, scale * step_scores)
             optimizer.step()
             n_updates += 1
