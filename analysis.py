@@ -123,6 +123,7 @@ def cmd_ablation(args):
     """One row per recipe: IIF against standard PPO under it, and where standard PPO itself gets."""
     def pm(x, scale=1.0, fmt=".1f"):
         return f"{scale * np.mean(x):{fmt}} ± {scale * np.std(x):{fmt}}"
+    rounds = {e: int(n) for e, n in (c.split("=") for c in args.complete)}
     print(f"| env | recipe | seeds | SE_ave % | SE_peak % | RT_peak % | standard, round {args.at_round} "
           "| standard, final | IIF, final |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -131,8 +132,8 @@ def cmd_ablation(args):
             path = os.path.join(args.runs, variant)
             runs = load_runs(path, env_id) if glob.glob(os.path.join(path, f"{env_id}__*")) else {}
             seeds = sorted(set(runs.get("none", {})) & set(runs.get("influence", {})))
-            seeds = [s for s in seeds if len(runs["none"][s]) == len(runs["influence"][s]) == args.rounds[env_id]] \
-                if env_id in args.rounds else seeds
+            if env_id in rounds:
+                seeds = [s for s in seeds if len(runs["none"][s]) == len(runs["influence"][s]) == rounds[env_id]]
             if not seeds:
                 print(f"| {env_id} | {variant} | 0 | | | | | | |")
                 continue
@@ -588,8 +589,6 @@ def main():
     p.add_argument("--out", default="rlhf.png", help="PNG to write")
     p.set_defaults(fn=cmd_rlhf)
     args = parser.parse_args()
-    if args.command == "ablation":
-        args.rounds = {e: int(n) for e, n in (c.split("=") for c in args.complete)}
     torch.set_num_threads(1)
     torch.distributions.Distribution.set_default_validate_args(False)
     args.fn(args)

@@ -555,8 +555,10 @@ def main(args):
 
         # Stage II (Alg. 1): score every record at theta(k) (Sec. 5.1) and filter the bottom ones
         t0 = time.perf_counter()
-        target = (b["obs"], b["actions"], a_raw if args.target_adv == "raw" else a_norm) if args.target == "f_return" \
-            else (args.target_obs, args.target_act, torch.ones(1))
+        if args.target == "f_return":  # Sec. 3.1: log pi over B(k), weighted by A_hat (raw by default)
+            target = (b["obs"], b["actions"], a_raw if args.target_adv == "raw" else a_norm)
+        else:
+            target = (args.target_obs, args.target_act, torch.ones(1))
         scores = influence(agent, b, torch.arange(args.batch_size), target, args, scoring_advantages(b, args))
         if not torch.isfinite(scores).all():
             fail(f"round {k}: non-finite influence scores; lower --learning-rate")
