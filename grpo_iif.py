@@ -1,0 +1,507 @@
+"""GRPO with Iterative Influence-based Filtering (IIF), on TRL's GRPOTrainer, in one file.
+
+The detoxification setup of rlhf_iif.py, trained with GRPO instead of PPO: a causal LM continues toxic
+prompts, a hate-speech classifier's label logit on the continuation is the reward, and each prompt gets
+--num-generations completions whose advantages are their rewards normalised within the group. A record
+is one completion; the buffer is one generation batch. For every generation batch, IIFGRPOTrainer
+scores each completion by its influence on a target f at the current parameters, drops the harmful
+ones, and hands the rest to TRL's ordinary GRPO update (Alg. 1 of the paper, GRPO as the learner).
+
+    python grpo_iif.py --filter-method influence
+    accelerate launch grpo_iif.py --filter-method influence   # several GPUs or nodes, unchanged
+
+Under accelerate (DDP) every process generates and scores its slice of the generation batch; the target
+gradient is averaged over processes and the scores are gathered, so the filter ranks the whole
+generation batch at once, as on one process. Sharded parameters (FSDP, DeepSpeed ZeRO-3) are refused.
+"""
+import copy
+import csv
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import numpy as np
+import torch
+import torch.autograd.forward_ad as fwAD
+import tyro
+from torch.func import functional_call
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+@dataclass
+class Args:
+    model_name: str = "EleutherAI/gpt-neo-2.7B"
+    """policy: a causal LM on the hub or a local folder (the KL reference is its initial state)"""
+    reward_model: str = "facebook/roberta-hate-speech-dynabench-r4-target"
+    """classifier whose --reward-label logit on the completion alone is the reward"""
+    reward_label: str = "nothate"
+    """label of --reward-model whose raw logit is the reward"""
+    dataset: str = "allenai/real-toxicity-prompts"
+    """prompts: a hub dataset or a local .json/.jsonl file with real-toxicity-prompts' fields
+    (prompt.text, prompt.toxicity, continuation.text)"""
+    seed: int = 1
+    """seed of TRL (sampling, prompt order), the prompt split and the random filter"""
+    run_name: Optional[str] = None
+    """results go to <runs-dir>/<run-name>/ (default: grpo__method__seed__time)"""
+    runs_dir: str = "runs"
+    """parent folder of the run folders"""
+    use_cpu: bool = False
+    """train on the CPU even where a GPU is visible"""
+    threads: Optional[int] = None
+    """torch CPU threads (default: torch's choice)"""
+
+    # data (App. B.3, as rlhf_iif.py)
+    min_prompt_toxicity: float = 0.3
+    """keep prompts whose toxicity score is above this"""
+    prompt_min_tokens: int = 10
+    """a prompt is the first L tokens of prompt + continuation text, L uniform in [min, max]"""
+    prompt_max_tokens: int = 15
+    """see --prompt-min-tokens"""
+    gen_tokens: int = 30
+    """tokens sampled per completion, fewer if EOS comes first (temperature 1, no top-k/top-p)"""
+    held_out_fraction: float = 0.2
+    """prompts held out of training; --target-data validation draws from them"""
+
+    # GRPO (TRL's GRPOConfig; its "dapo" loss, whose token normaliser spans the generation batch)
+    num_generations: int = 8
+    """completions per prompt: one group, whose rewards are normalised together"""
+    batch_size: int = 256
+    """completions per generation batch over all processes: the buffer B(k)"""
+    mini_batch_size: int = 16
+    """completions per forward/backward pass on each process (TRL's per_device_train_batch_size)"""
+    gradient_accumulation_steps: int = 1
+    """mini-batches per optimizer step"""
+    num_iterations: int = 1
+    """passes over each (filtered) generation batch (TRL's num_iterations, GRPO's mu)"""
+    max_steps: Optional[int] = None
+    """optimizer steps (default: one pass over the training prompts)"""
+    learning_rate: float = 1e-5
+    """AdamW learning rate (constant)"""
+    beta: float = 0.04
+    """coefficient of the KL penalty to the reference (TRL's default is 0: no reference)"""
+    epsilon: float = 0.2
+    """clipping epsilon of the policy ratio"""
+    lora: bool = True
+    """train LoRA adapters instead of the whole model; the reference is the model with its adapters
+    disabled"""
+    lora_r: int = 16
+    """LoRA rank"""
+    lora_alpha: int = 32
+    """LoRA alpha"""
+    lora_target_modules: Optional[str] = None
+    """comma-separated module names for LoRA (default: peft's choice for the architecture)"""
+    logging_steps: int = 1
+    """TRL logs every N optimizer steps"""
+
+    # influence and filtering (Sec. 3.1, 5.1, 5.3)
+    filter_method: Literal["influence", "random", "none"] = "influence"
+    """influence: IIF; random: drop as many completions uniformly at random; none: plain GRPO"""
+    filter_p: Optional[float] = None
+    """fraction in (0, 1] of the negative-influence completions to drop, most negative first (default:
+    drop every completion with influence <= 0, as the released code does)"""
+    target: Literal["f_seq", "f_loss"] = "f_seq"
+    """target function: f_seq (Sec. 5.3: mean of log pi(y|x) times the completion's advantage) or f_loss
+    (minus the GRPO loss, KL penalty included: the objective the update itself follows)"""
+    target_data: Literal["buffer", "validation"] = "buffer"
+    """completions f is measured on: the generation batch itself, or fresh completions of
+    --validation-size held-out prompts (I-PPO, "Learning from the Right Rollouts", 2026)"""
+    validation_size: int = 32
+    """held-out prompts (each with --num-generations completions) for --target-data validation"""
+    forward_batch_size: int = 16
+    """completions per target-gradient and influence pass"""
+
+
+METRICS = ["round", "step", "completions", "reward_mean", "reward_std", "n_kept", "n_negative",
+           "t_generate", "t_forward", "t_influence", "t_optim"]
+
+
+def fail(msg):
+    raise SystemExit(f"grpo_iif.py: error: {msg}")
+
+
+def load(flag, name, loader, *a, **kw):
+    """Load a model, tokenizer or dataset; on any failure stop with the flag's name, before a file is
+    written"""
+    try:
+        return loader(name, *a, **kw)
+    except Exception as e:  # OSError, ValueError, hub and connection errors all end here
+        fail(f"{flag} {name!r} could not be loaded ({type(e).__name__}: "
+             f"{str(e).strip().splitlines()[0][:300]}). "
+             "Without network access, download it on another machine and pass its local path.")
+
+
+def load_rows(flag, name, split):
+    from datasets import load_dataset
+    if name.endswith((".json", ".jsonl")):
+        return load(flag, name, lambda path: load_dataset("json", data_files=path, split="train"))
+    return load(flag, name, load_dataset, split=split)
+
+
+def load_prompts(args, tokenizer):
+    """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt + continuation
+    text; split into training and held-out prompts. Returns the prompts as text, as TRL takes them."""
+    rows = load_rows("--dataset", args.dataset, "train")
+    if "prompt" not in rows.column_names:
+        fail(f"--dataset {args.dataset!r} has no 'prompt' column (columns: {rows.column_names})")
+    rng = np.random.default_rng(args.seed)
+    prompts = []
+    for row in rows:
+        p, c = row["prompt"], row.get("continuation") or {}
+        if p.get("toxicity") is None or p["toxicity"] <= args.min_prompt_toxicity:
+            continue
+        ids = tokenizer(p["text"] + (c.get("text") or ""))["input_ids"]
+        n = int(rng.integers(args.prompt_min_tokens, args.prompt_max_tokens + 1))
+        if len(ids) >= n:
+            prompts.append(tokenizer.decode(ids[:n]))
+    order = rng.permutation(len(prompts))
+    n_held = int(args.held_out_fraction * len(prompts))
+    train, held = [prompts[i] for i in order[n_held:]], [prompts[i] for i in order[:n_held]]
+    n_batch = args.batch_size // args.num_generations
+    if len(train) < n_batch:
+        fail(f"--dataset {args.dataset!r} has {len(train)} training prompts with toxicity > "
+             f"{args.min_prompt_toxicity} and >= {args.prompt_min_tokens} tokens, fewer than the "
+             f"{n_batch} of a generation batch (--batch-size / --num-generations)")
+    if args.target_data == "validation" and len(held) < args.validation_size:
+        fail(f"--validation-size {args.validation_size}: only {len(held)} held-out prompts "
+             f"(--held-out-fraction {args.held_out_fraction})")
+    return train, held[:args.validation_size]
+
+
+def load_classifier(flag, name, label_flag, label):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    tok = load(flag, name, AutoTokenizer.from_pretrained)
+    model = load(flag, name, AutoModelForSequenceClassification.from_pretrained).eval()
+    labels = {v: int(k) for k, v in model.config.id2label.items()}
+    if label not in labels:
+        fail(f"{label_flag} {label!r} is not a label of {flag} {name!r}; its labels are {sorted(labels)}")
+    return model, tok, labels[label]
+
+
+def make_reward_fn(rm, bs=64):
+    """The reward of a completion: the classifier's label logit on the completion alone"""
+    model, tok, label = rm
+
+    @torch.no_grad()
+    def label_logit(prompts, completions, **kwargs):  # TRL logs it as rewards/label_logit/mean
+        device = next(model.parameters()).device
+        return torch.cat([model(**tok(completions[i:i + bs], padding=True, truncation=True,
+                                      return_tensors="pt").to(device)).logits[:, label].float()
+                          for i in range(0, len(completions), bs)]).tolist()
+    return label_logit
+
+
+def batches(n, size):
+    return [torch.arange(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def completion_logprobs(model, b, idx, params=None):
+    """log pi_theta(y_t | x, y_<t) of every completion token of rows idx, as TRL's forward computes them
+    (left-padded prompt, right-padded completion, no position ids; temperature 1)"""
+    m = b["completion_mask"][idx]
+    ids = torch.cat([b["prompt_ids"][idx], b["completion_ids"][idx]], 1)
+    kw = dict(input_ids=ids, attention_mask=torch.cat([b["prompt_mask"][idx], m], 1),
+              logits_to_keep=m.shape[1] + 1)
+    logits = (model(**kw) if params is None else functional_call(model, params, (), kw)).logits
+    return torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, -m.shape[1]:, None]).squeeze(-1)
+
+
+def completion_losses(model, b, idx, args, params=None):
+    """Per-completion GRPO loss l_i (TRL's "dapo" loss): the token sum of the clipped surrogate and of
+    beta x the k3 estimate of KL(pi || pi_ref) times the ratio (TRL's importance-sampling correction),
+    over the generation batch's token count. Their sum over a generation batch is the loss of one step
+    on all of it."""
+    logp = completion_logprobs(model, b, idx, params)
+    m = b["completion_mask"][idx]
+    old = b["old_per_token_logps"][idx] if "old_per_token_logps" in b else logp.detach()
+    ratio, adv = torch.exp(logp - old), b["advantages"][idx, None]
+    loss = -torch.min(ratio * adv, ratio.clamp(1 - args.epsilon, 1 + args.epsilon) * adv)
+    if args.beta != 0.0:
+        d = b["ref_per_token_logps"][idx] - logp
+        loss = loss + args.beta * (torch.exp(d) - d - 1) * ratio
+    return (loss * m).sum(1) / b["num_items_in_batch"].clamp(min=1)
+
+
+def target(model, t, idx, args):
+    """f restricted to target completions idx; summed over every batch of t it is f(theta) on t"""
+    if args.target == "f_seq":  # Sec. 5.3: mean over completions of log pi(y|x) A_hat
+        logp = completion_logprobs(model, t, idx)
+        return (t["advantages"][idx, None] * logp * t["completion_mask"][idx]).sum() / len(t["advantages"])
+    return -completion_losses(model, t, idx, args).sum()  # f_loss: minus the GRPO loss on t
+
+
+def influence(model, b, t, args, reduce=lambda g: g):
+    """I_i = <grad f(theta), -grad l_i(theta)> of every completion i of b at theta(k) (Sec. 3.1, 5.1),
+    exactly: one backward pass over the target completions t gives grad f (reduce averages it over
+    processes), one forward-mode pass along it gives every completion's inner product."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    grads = [torch.zeros_like(p) for p in params.values()]
+    for idx in batches(len(t["advantages"]), args.forward_batch_size):
+        g = torch.autograd.grad(target(model, t, idx, args), list(params.values()), allow_unused=True)
+        grads = [a if gi is None else a + gi for a, gi in zip(grads, g)]
+    flat = reduce(torch.cat([g.flatten() for g in grads]))
+    grads = flat.split([p.numel() for p in params.values()])
+    scores = []
+    # fused attention kernels have no forward-mode AD, the math one does
+    with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), fwAD.dual_level():
+        duals = {n: fwAD.make_dual(p.detach(), g.view_as(p)) for (n, p), g in zip(params.items(), grads)}
+        for idx in batches(len(b["advantages"]), args.forward_batch_size):
+            scores.append(-fwAD.unpack_dual(completion_losses(model, b, idx, args, duals)).tangent)
+    return torch.cat(scores)
+
+
+def filter_records(scores, method, p, gen):
+    """Stage II of Alg. 1: returns the kept mask. 'influence' drops every completion with influence <= 0
+    (p None), or the floor(p x n_negative) most negative ones, ties broken by buffer order; 'random'
+    drops as many uniformly at random."""
+    kept = torch.ones(len(scores), dtype=torch.bool)
+    n_drop = int((scores <= 0).sum()) if p is None else int(p * int((scores < 0).sum()) + 1e-9)
+    order = torch.argsort(scores, stable=True) if method == "influence" else \
+        torch.randperm(len(scores), generator=gen)
+    kept[order[:n_drop]] = False
+    return kept
+
+
+def timer():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def make_trainer_class():
+    from trl import GRPOTrainer
+
+    class IIFGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer that filters every generation batch before its update. TRL calls
+        _generate_and_score_completions once per generation batch, before the num_iterations passes over
+        it; the kept completions are what every pass trains on."""
+
+        def __init__(self, *a, iif_args, validation_prompts=(), **kw):
+            super().__init__(*a, **kw)
+            self.iif_args, self.validation_prompts = iif_args, list(validation_prompts)
+            self.writer = None  # (csv.DictWriter, its file), set by main
+            self.iif_gen = torch.Generator().manual_seed(iif_args.seed)  # same on every process
+            self.t_gen, self.rewards, self.row, self.t_stage2_end, self.n_rounds = 0.0, None, None, 0.0, 0
+
+        def _generate(self, prompts):
+            t0 = timer()
+            out = super()._generate(prompts)
+            self.t_gen += timer() - t0
+            return out
+
+        def _calculate_rewards(self, *a, **kw):
+            t0 = timer()
+            self.rewards = super()._calculate_rewards(*a, **kw)  # every process's, gathered
+            self.t_gen += timer() - t0
+            return self.rewards
+
+        def _generate_and_score_completions(self, inputs):
+            if not self.model.training:
+                return super()._generate_and_score_completions(inputs)
+            self.write_row()  # the previous generation batch's update is over
+            args, acc = self.iif_args, self.accelerator
+
+            # Stage I (Alg. 1): the generation batch B(k) at theta(k): completions, rewards, advantages
+            t0, self.t_gen = timer(), 0.0
+            b = super()._generate_and_score_completions(inputs)
+            t_generate, t_forward = self.t_gen, timer() - t0 - self.t_gen
+            rewards = self.rewards[:, 0]
+
+            # Stage II (Alg. 1): score every completion at theta(k) (Sec. 5.1, 5.3), drop the harmful ones
+            t0 = timer()
+            scores = None
+            if args.filter_method != "none":
+                t = b if args.target_data == "buffer" else self.validation_batch()
+                model = acc.unwrap_model(self.model)
+                scores = influence(model, b, t, args, reduce=lambda g: acc.reduce(g, reduction="mean"))
+                all_scores = acc.gather(scores).cpu()  # the whole generation batch, in process order
+                if not torch.isfinite(all_scores).all():
+                    fail(f"generation batch {self.n_rounds}: non-finite influence; lower --learning-rate")
+                kept = filter_records(all_scores, args.filter_method, args.filter_p, self.iif_gen)
+                n = len(scores)
+                mine = kept[acc.process_index * n:][:n, None].to(b["completion_mask"])
+                # dropped as TRL's mask_truncated_completions drops: out of the loss and its normaliser
+                b["completion_mask"] = b["completion_mask"] * mine
+                b["num_items_in_batch"] = acc.gather(b["completion_mask"].sum()).sum()
+            else:
+                kept = torch.ones(len(rewards), dtype=torch.bool)
+            n_kept = int(kept.sum())
+            self._metrics["train"]["iif/kept_fraction"].append(n_kept / len(kept))
+            self.row = dict(round=self.n_rounds, step=self.state.global_step, completions=len(rewards),
+                            reward_mean=rewards.nanmean().item(), reward_std=rewards.std().item(),
+                            n_kept=n_kept, n_negative="" if scores is None else int((all_scores < 0).sum()),
+                            t_generate=t_generate, t_forward=t_forward, t_influence=timer() - t0)
+            self.n_rounds += 1
+            self.t_stage2_end = timer()
+            # Stage III (Alg. 1) follows in TRL's training steps, on the kept completions of b
+            return b
+
+        def validation_batch(self):
+            """Fresh completions (with rewards, advantages, reference log-probs) of the held-out prompts,
+            this process's share; kept out of TRL's logs"""
+            G, acc = self.num_generations, self.accelerator
+            rows = [{"prompt": p} for p in self.validation_prompts for _ in range(G)]
+            n = len(rows) // acc.num_processes
+            saved = self._metrics["train"], self._logs, self.state.num_input_tokens_seen, self.rewards
+            self._metrics["train"], self._logs = defaultdict(list), copy.deepcopy(self._logs)  # scratch
+            try:
+                return super()._generate_and_score_completions(rows[acc.process_index * n:][:n])
+            finally:
+                self._metrics["train"], self._logs, self.state.num_input_tokens_seen, self.rewards = saved
+
+        def write_row(self):
+            """One metrics.csv row per generation batch, once its update (Stage III) is over"""
+            if self.row is None:
+                return
+            self.row["t_optim"] = timer() - self.t_stage2_end
+            if self.writer is not None and self.accelerator.is_main_process:
+                self.writer[0].writerow(self.row)
+                self.writer[1].flush()
+                r = self.row
+                print(f"generation batch {r['round']} reward {r['reward_mean']:.3f} | kept {r['n_kept']}/"
+                      f"{r['completions']} | s: generate {r['t_generate']:.1f} forward {r['t_forward']:.1f} "
+                      f"influence {r['t_influence']:.1f} optim {r['t_optim']:.1f}", flush=True)
+            self.row = None
+
+    return IIFGRPOTrainer
+
+
+def world_size():
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def resolve_args(args):
+    """Check every flag before anything is loaded; fail early with the flag's name."""
+    for key in ("num_generations", "batch_size", "mini_batch_size", "gradient_accumulation_steps",
+                "num_iterations", "gen_tokens", "prompt_min_tokens", "validation_size", "forward_batch_size",
+                "lora_r", "logging_steps"):
+        if getattr(args, key) < 1:
+            fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
+    if args.num_generations < 2:
+        fail(f"--num-generations must be at least 2 (GRPO normalises rewards within a group), "
+             f"got {args.num_generations}")
+    if args.batch_size % args.num_generations:
+        fail(f"--batch-size ({args.batch_size}) must be a multiple of --num-generations "
+             f"({args.num_generations})")
+    if args.batch_size % (args.mini_batch_size * world_size()):
+        fail(f"--batch-size ({args.batch_size}) must be a multiple of --mini-batch-size "
+             f"({args.mini_batch_size}) x {world_size()} processes")
+    if args.target_data == "validation" and (args.validation_size * args.num_generations) % world_size():
+        fail(f"--validation-size ({args.validation_size}) x --num-generations must be a multiple of the "
+             f"{world_size()} processes")
+    if args.prompt_max_tokens < args.prompt_min_tokens:
+        fail(f"--prompt-max-tokens ({args.prompt_max_tokens}) must be at least --prompt-min-tokens "
+             f"({args.prompt_min_tokens})")
+    if args.max_steps is not None and args.max_steps < 1:
+        fail(f"--max-steps must be at least 1, got {args.max_steps}")
+    if args.filter_p is not None and not 0 < args.filter_p <= 1:
+        fail(f"--filter-p must be in (0, 1], got {args.filter_p}")
+    if not 0 <= args.held_out_fraction < 1:
+        fail(f"--held-out-fraction must be in [0, 1), got {args.held_out_fraction}")
+    for key in ("learning_rate", "epsilon"):
+        if not getattr(args, key) > 0:
+            fail(f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
+    if args.beta < 0:
+        fail(f"--beta must be at least 0, got {args.beta}")
+    if args.run_name is None:
+        args.run_name = f"grpo__{args.filter_method}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join(args.runs_dir, args.run_name)
+    if os.path.exists(os.path.join(run_dir, "metrics.csv")):
+        fail(f"{run_dir}/metrics.csv exists: choose another --run-name or remove it")
+    return args
+
+
+def make_config(args, run_dir):
+    from trl import GRPOConfig
+    # GRPOConfig's own defaults differ from TrainingArguments' (bf16, activation (gradient) checkpointing,
+    # lr 1e-6): every one that matters is set here
+    return GRPOConfig(
+        output_dir=run_dir, seed=args.seed, use_cpu=args.use_cpu, bf16=False, fp16=False,
+        activation_checkpointing=False, report_to="none", save_strategy="no",
+        logging_steps=args.logging_steps,
+        disable_dropout=True,  # generation, the update and the influence all see one policy
+        learning_rate=args.learning_rate, lr_scheduler_type="constant",
+        max_steps=args.max_steps or -1, num_train_epochs=1,
+        per_device_train_batch_size=args.mini_batch_size,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        generation_batch_size=args.batch_size, num_generations=args.num_generations,
+        num_iterations=args.num_iterations, max_completion_length=args.gen_tokens,
+        temperature=1.0, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,  # sample pi_theta itself
+        beta=args.beta, epsilon=args.epsilon, loss_type="dapo", scale_rewards="group",
+        use_bias_correction_kl=True, mask_truncated_completions=False, use_vllm=False, log_completions=False)
+
+
+def make_trainer(args, dtype=torch.float32):
+    """Load the models and prompts and build the trainer; a name that fails stops here, before the run
+    folder is made"""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tokenizer = load("--model-name", args.model_name, AutoTokenizer.from_pretrained)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    lm = load("--model-name", args.model_name, AutoModelForCausalLM.from_pretrained, dtype=dtype)
+    rm = load_classifier("--reward-model", args.reward_model, "--reward-label", args.reward_label)
+    train_prompts, val_prompts = load_prompts(args, tokenizer)
+    peft_config = None
+    if args.lora:
+        from peft import LoraConfig
+        targets = args.lora_target_modules.split(",") if args.lora_target_modules else None
+        peft_config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules=targets,
+                                 lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    try:
+        config = make_config(args, os.path.join(args.runs_dir, args.run_name))
+    except ValueError as e:
+        fail(f"--batch-size, --mini-batch-size, --num-generations: {e}")
+    try:
+        trainer = make_trainer_class()(
+            model=lm, reward_funcs=make_reward_fn(rm), args=config, processing_class=tokenizer,
+            train_dataset=Dataset.from_dict({"prompt": train_prompts}), peft_config=peft_config,
+            iif_args=args, validation_prompts=val_prompts)
+    except ValueError as e:  # peft's answer to --lora-target-modules that the model does not have
+        fail(f"--lora-target-modules: {e}" if args.lora_target_modules else str(e))
+    acc = trainer.accelerator
+    if acc.distributed_type.value in ("FSDP", "DEEPSPEED") and args.filter_method != "none":
+        fail(f"--filter-method {args.filter_method} needs whole parameters on every process; "
+             f"{acc.distributed_type.value} shards them (use DDP, or --filter-method none)")
+    rm[0].to(acc.device)
+    return trainer
+
+
+def main(args):
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    trainer = make_trainer(args)
+    acc = trainer.accelerator
+    run_dir = os.path.join(args.runs_dir, args.run_name)
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump(vars(args), f, indent=1)
+    metrics_file = open(os.path.join(run_dir, "metrics.csv"), "w", newline="")
+    trainer.writer = (csv.DictWriter(metrics_file, fieldnames=METRICS), metrics_file)
+    trainer.writer[0].writeheader()
+    n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    if acc.is_main_process:
+        print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {acc.device} x "
+              f"{acc.num_processes}: generation batches of {args.batch_size} completions "
+              f"({args.num_generations} per prompt), filter {args.filter_method}, target {args.target} on "
+              f"{args.target_data} -> {run_dir}", flush=True)
+    try:
+        # Stage III (Alg. 1) runs inside: TRL's GRPO steps, num_iterations passes per filtered batch
+        trainer.train()
+        trainer.write_row()
+        trainer.save_model(os.path.join(run_dir, "policy"))  # the adapter only, with LoRA
+    finally:  # also on Ctrl-C: every finished generation batch is in metrics.csv
+        metrics_file.close()
+    return trainer
+
+
+if __name__ == "__main__":
+    args = resolve_args(tyro.cli(Args))
+    try:
+        main(args)
+    except KeyboardInterrupt:
+        sys.exit(f"\ninterrupted: every finished generation batch is in "
+                 f"{os.path.join(args.runs_dir, args.run_name)}/metrics.csv")

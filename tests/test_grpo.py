@@ -1,0 +1,234 @@
+"""grpo_iif.py on a tiny GPT-2, a tiny ELECTRA classifier and tiny jsonl data built here (offline)."""
+import argparse
+import csv
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+import tyro
+
+import grpo_iif
+from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_classifier, tiny_lm, write_data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+METHODS = ["none", "influence", "random"]
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    """Untrained tiny models saved with save_pretrained, loaded back by path as the hub models would be"""
+    out = tmp_path_factory.mktemp("toy")
+    torch.manual_seed(0)
+    tok = byte_tokenizer()
+    write_data(str(out), random.Random(0), n_prompts=60, n_eval=4)
+    for name, model in [("policy", tiny_lm(tok, "gpt2", width=32, heads=2)),
+                        ("reward", tiny_classifier(tok, ["nothate", "hate"], width=32, heads=2))]:
+        model.save_pretrained(out / name)
+        tok.save_pretrained(out / name)
+    return out
+
+
+def flags(toy, *extra):
+    return ["--model-name", str(toy / "policy"), "--reward-model", str(toy / "reward"),
+            "--dataset", str(toy / "prompts.jsonl"), "--num-generations", "2", "--batch-size", "8",
+            "--mini-batch-size", "8", "--gen-tokens", "6", "--forward-batch-size", "3", "--validation-size", "2",
+            "--threads", "1", "--use-cpu", "--max-steps", "2", *extra]
+
+
+def parse(toy, tmp_path, *extra, name="r"):
+    return grpo_iif.resolve_args(tyro.cli(grpo_iif.Args, args=flags(
+        toy, "--runs-dir", str(tmp_path), "--run-name", name, *extra)))
+
+
+def read_rows(run_dir):
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def runs(toy, tmp_path_factory):
+    """Two optimizer steps (two generation batches) for each filter method, named as analysis.py reads them"""
+    out = tmp_path_factory.mktemp("runs")
+    for method in METHODS:
+        torch.manual_seed(0)
+        grpo_iif.main(parse(toy, out, "--filter-method", method, name=f"toy__{method}__1"))
+    return out
+
+
+def trainer_and_batch(toy, tmp_path, *extra, seed=0):
+    """A float64 trainer and one generation batch (4 prompts x 2 completions) of the training prompts"""
+    args = parse(toy, tmp_path, *extra)
+    trainer = grpo_iif.make_trainer(args, dtype=torch.float64)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, read by TRL's loss
+    prompts = trainer.train_dataset["prompt"][:4]
+    torch.manual_seed(seed)
+    b = trainer._generate_and_score_completions([{"prompt": p} for p in prompts for _ in range(2)])
+    return args, trainer, b
+
+
+def perturb_(model, scale=0.3):
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(scale * torch.randn_like(p))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_two_steps_end_to_end(runs, method):
+    run = runs / f"toy__{method}__1"
+    rows = read_rows(run)
+    assert [r["round"] for r in rows] == ["0", "1"] and list(rows[0]) == grpo_iif.METRICS
+    for r in rows:
+        assert int(r["completions"]) == 8 and float(r["t_generate"]) > 0 and float(r["t_optim"]) > 0
+        if method == "none":
+            assert int(r["n_kept"]) == 8 and r["n_negative"] == ""
+        else:
+            assert 0 < int(r["n_kept"]) < 8  # an untrained policy's batch always holds harmful completions
+    if method == "random":  # the same first batch as IIF's, and as many completions dropped
+        assert rows[0]["n_kept"] == read_rows(runs / "toy__influence__1")[0]["n_kept"]
+    assert rows[0]["reward_mean"] == read_rows(runs / "toy__none__1")[0]["reward_mean"]  # same seed, same batch
+    config = json.load(open(run / "config.json"))
+    assert config["filter_method"] == method and config["batch_size"] == 8
+    assert (run / "policy" / "adapter_config.json").exists()
+
+
+def test_analysis_rlhf_draws_grpo_runs(runs, capsys):
+    import analysis
+    out = runs / "grpo.png"
+    analysis.cmd_rlhf(argparse.Namespace(runs=str(runs), env="toy", smooth=1, out=str(out)))
+    assert out.stat().st_size > 10_000
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("| Standard | 2 |") for line in lines) and any(line.startswith("| IIF | 2 |")
+                                                                            for line in lines)
+
+
+@pytest.mark.parametrize("extra", [(), ("--no-lora",), ("--target", "f_loss")])
+def test_influence_matches_per_completion_autograd(toy, tmp_path, extra):
+    args, trainer, b = trainer_and_batch(toy, tmp_path, "--filter-method", "none", *extra)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    with torch.no_grad():  # theta(k)'s log-probs become the old ones; then move away so ratios clip
+        b["old_per_token_logps"] = grpo_iif.completion_logprobs(model, b, torch.arange(8))
+    perturb_(model)
+    m = b["completion_mask"]
+    ratio = torch.exp(grpo_iif.completion_logprobs(model, b, torch.arange(8)) - b["old_per_token_logps"])
+    assert ((ratio - 1).abs()[m > 0] > args.epsilon).any() and b["advantages"].abs().min() > 0
+    # the per-completion losses sum to TRL's own loss of a step on the whole batch (TRL's fused
+    # log-probs are float32 even for a float64 model)
+    assert torch.allclose(grpo_iif.completion_losses(model, b, torch.arange(8), args).sum(),
+                          trainer._compute_loss(model, b), rtol=1e-5, atol=1e-6)
+    scores = grpo_iif.influence(model, b, b, args)
+
+    f = sum(grpo_iif.target(model, b, idx, args) for idx in grpo_iif.batches(8, 3))
+    g_f = torch.autograd.grad(f, params)
+    brute = []
+    for i in range(8):
+        g_i = torch.autograd.grad(grpo_iif.completion_losses(model, b, torch.tensor([i]), args).sum(), params)
+        brute.append(-sum((a * c).sum() for a, c in zip(g_f, g_i)))
+    brute = torch.stack(brute)
+    print(f"max |influence - autograd| = {(scores - brute).abs().max().item():.2e} "
+          f"(scores up to {brute.abs().max().item():.2e})")
+    assert torch.allclose(scores, brute, rtol=1e-9, atol=1e-14), (scores, brute)
+    assert (scores.abs() > 1e-8).all()
+
+
+def test_validation_target_scores_the_batch_against_held_out_completions(toy, tmp_path):
+    args, trainer, b = trainer_and_batch(toy, tmp_path, "--filter-method", "none", "--target-data", "validation")
+    logs = len(trainer._logs["completion"])
+    t = trainer.validation_batch()
+    assert len(t["advantages"]) == 4 and len(trainer._logs["completion"]) == logs  # 2 prompts x 2; out of the logs
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    assert not torch.allclose(grpo_iif.influence(model, b, t, args), grpo_iif.influence(model, b, b, args))
+
+
+def test_filter_drops_exactly_the_dropped_completions(toy, tmp_path):
+    args, trainer, b0 = trainer_and_batch(toy, tmp_path, "--filter-method", "none")
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    trainer.iif_args.filter_method = "influence"
+    torch.manual_seed(0)  # the same completions as b0, now filtered
+    b = trainer._generate_and_score_completions([{"prompt": p} for p in trainer.train_dataset["prompt"][:4]
+                                                 for _ in range(2)])
+    assert torch.equal(b["completion_ids"], b0["completion_ids"])
+    kept = b["completion_mask"].sum(1) > 0
+    assert kept.tolist() == (grpo_iif.influence(model, b0, b0, args) > 0).tolist() and 0 < kept.sum() < 8
+    assert torch.equal(b["completion_mask"][kept], b0["completion_mask"][kept])
+    only_kept = {k: v[kept] if isinstance(v, torch.Tensor) and v.ndim else v for k, v in b0.items()}
+    only_kept["num_items_in_batch"] = b0["completion_mask"][kept].sum()
+    assert b["num_items_in_batch"] == only_kept["num_items_in_batch"]
+
+    def loss_and_grad(batch):
+        loss = trainer._compute_loss(model, batch)
+        return loss, torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+    perturb_(model)  # off theta(k), where the KL and clipping terms count too
+    (loss, grads), (loss_kept, grads_kept) = loss_and_grad(b), loss_and_grad(only_kept)
+    assert torch.allclose(loss, loss_kept, rtol=1e-6)
+    assert all(torch.allclose(g, h, rtol=1e-6, atol=1e-12) for g, h in zip(grads, grads_kept))
+    assert not torch.allclose(loss, loss_and_grad(b0)[0])  # the dropped completions did count before
+
+
+def test_filter_records():
+    scores = torch.tensor([0.5, -1.0, 0.0, -2.0, 3.0, -1.0])
+    gen = torch.Generator().manual_seed(0)
+    assert grpo_iif.filter_records(scores, "influence", None, gen).tolist() == [True, False, False, False, True,
+                                                                               False]
+    # p of the 3 negatives: floor(0.5 * 3) = 1, the most negative
+    assert grpo_iif.filter_records(scores, "influence", 0.5, gen).tolist() == [True, True, True, False, True, True]
+    assert int(grpo_iif.filter_records(scores, "random", None, gen).sum()) == 2
+
+
+def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy, capsys):
+    for extra, needle in [(("--filter-p", "1.5"), "--filter-p"), (("--batch-size", "7"), "--batch-size"),
+                          (("--num-generations", "1"), "--num-generations"), (("--max-steps", "0"), "--max-steps"),
+                          (("--mini-batch-size", "3"), "--mini-batch-size"),
+                          (("--validation-size", "500", "--target-data", "validation"), "--validation-size"),
+                          (("--reward-label", "toxic"), "'nothate'"),
+                          (("--lora-target-modules", "no_such_module"), "--lora-target-modules")]:
+        with pytest.raises(SystemExit) as e:
+            grpo_iif.main(parse(toy, tmp_path, *extra))
+        assert needle in str(e.value), (extra, e.value)
+        assert not (tmp_path / "r").exists()
+    with pytest.raises(SystemExit):
+        parse(toy, tmp_path, "--filter-method", "best")
+    err = capsys.readouterr().err
+    assert "--filter-method" in err and "influence" in err and "random" in err
+
+
+@pytest.mark.parametrize("flag,name", [("--dataset", "no-such-org/no-such-dataset"),
+                                       ("--dataset", "/nonexistent/prompts.jsonl"),
+                                       ("--reward-model", "/nonexistent/classifier")])
+def test_unloadable_name_stops_cleanly(tmp_path, toy, flag, name):
+    args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "r")
+    args[args.index(flag) + 1] = name
+    with pytest.raises(SystemExit) as e:
+        grpo_iif.main(grpo_iif.resolve_args(tyro.cli(grpo_iif.Args, args=args)))
+    assert f"{flag} {name!r} could not be loaded" in str(e.value) and "local path" in str(e.value)
+    assert not (tmp_path / "r").exists()
+
+
+def test_unloadable_model_exits_without_a_traceback(tmp_path, toy):
+    args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "r")
+    args[args.index("--model-name") + 1] = "no-such-org/no-such-model"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "grpo_iif.py"), *args], capture_output=True,
+                          text=True, timeout=300,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--model-name 'no-such-org/no-such-model' could not be loaded" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_docs_links_point_at_what_they_name():
+    import re
+    lines = open(os.path.join(ROOT, "grpo_iif.py")).read().splitlines()
+    for doc in ("docs/grpo.md", "README_grpo_snippet.md"):
+        path = os.path.join(ROOT, doc)
+        if not os.path.exists(path):
+            continue
+        links = re.findall(r"\[`([^`]+)`\]\((?:\.\./)?grpo_iif\.py#L(\d+)\)", open(path).read())
+        assert len(links) >= 5, doc
+        for name, line in links:
+            assert name in lines[int(line) - 1], f"{doc} links `{name}` to line {line}: {lines[int(line) - 1]!r}"
