@@ -182,9 +182,6 @@ def cmd_rlhf(args):
     """Training reward and test toxicity over rounds and over runtime (Fig. 7, 14); the rounds and runtime
     each method needs to reach standard PPO's final reward; the per-round runtime breakdown (Table 4)."""
     runs = load_runs(args.runs, args.env)
-    for rs in (rs for by_seed in runs.values() for rs in by_seed.values()):
-        for r in rs:  # grpo_iif.py runs measure no test toxicity: it reads as missing
-            r.setdefault("eval_toxicity", math.nan)
     labels = [lb for lb in LABELS if lb in runs] + sorted(lb for lb in runs if lb not in LABELS)
     name = {lb: LABELS.get(lb, lb) for lb in labels}
     others = iter(["tab:cyan", "tab:brown", "tab:pink", "black"])

@@ -1,18 +1,20 @@
 """GRPO with Iterative Influence-based Filtering (IIF), on TRL's GRPOTrainer, in one file.
 
-The detoxification setup of rlhf_iif.py, trained with GRPO instead of PPO: a causal LM continues toxic
-prompts, a hate-speech classifier's label logit on the continuation is the reward, and each prompt gets
---num-generations completions whose advantages are their rewards normalised within the group. A record
-is one completion; the buffer is one generation batch. For every generation batch, IIFGRPOTrainer
-scores each completion by its influence on a target f at the current parameters, drops the harmful
-ones, and hands the rest to TRL's ordinary GRPO update (Alg. 1 of the paper, GRPO as the learner).
+The detoxification setup of rlhf_iif.py, trained with GRPO instead of PPO: a causal LM continues
+toxic prompts, a hate-speech classifier's label logit on the continuation is the reward, and each
+prompt gets --num-generations completions whose advantages are their rewards normalised within the
+group. A record is one completion; the buffer is one generation batch. For every generation batch,
+IIFGRPOTrainer scores each completion by its influence on a target f at the current parameters,
+drops the harmful ones, and hands the rest to TRL's ordinary GRPO update (Alg. 1 of the paper, GRPO
+as the learner). Test toxicity is measured as in rlhf_iif.py.
 
     python grpo_iif.py --filter-method influence
     accelerate launch grpo_iif.py --filter-method influence   # several GPUs or nodes, unchanged
 
-Under accelerate (DDP) every process generates and scores its slice of the generation batch; the target
-gradient is averaged over processes and the scores are gathered, so the filter ranks the whole
-generation batch at once, as on one process. Sharded parameters (FSDP, DeepSpeed ZeRO-3) are refused.
+Under accelerate (DDP) every process generates and scores its slice of the generation batch; the
+target gradient is averaged over processes and the scores are gathered, so the filter ranks the
+whole generation batch at once, as on one process. Sharded parameters (FSDP, DeepSpeed ZeRO-3) are
+refused.
 """
 import copy
 import csv
@@ -101,11 +103,11 @@ class Args:
     filter_method: Literal["influence", "random", "none"] = "influence"
     """influence: IIF; random: drop as many completions uniformly at random; none: plain GRPO"""
     filter_p: Optional[float] = None
-    """fraction in (0, 1] of the negative-influence completions to drop, most negative first (default:
-    drop every completion with influence <= 0, as the released code does)"""
+    """fraction in (0, 1] of the negative-influence completions to drop, most negative first
+    (default: drop every completion with influence <= 0, as the released code does)"""
     target: Literal["f_seq", "f_loss"] = "f_seq"
-    """target function: f_seq (Sec. 5.3: mean of log pi(y|x) times the completion's advantage) or f_loss
-    (minus the GRPO loss, KL penalty included: the objective the update itself follows)"""
+    """target function: f_seq (Sec. 5.3: mean of log pi(y|x) times the completion's advantage) or
+    f_loss (minus the GRPO loss, KL penalty included: the objective the update itself follows)"""
     target_data: Literal["buffer", "validation"] = "buffer"
     """completions f is measured on: the generation batch itself, or fresh completions of
     --validation-size held-out prompts (I-PPO, "Learning from the Right Rollouts", 2026)"""
@@ -114,9 +116,26 @@ class Args:
     forward_batch_size: int = 16
     """completions per target-gradient and influence pass"""
 
+    # evaluation (App. B.3, as rlhf_iif.py)
+    eval_every: int = 1
+    """measure test toxicity after the update of every N-th generation batch, and of the last
+    (0: never)"""
+    eval_dataset: str = "OxAISH-AL-LLM/wiki_toxic"
+    """test prompts: toxic comments (label 1) of this dataset, a hub name or a local .json/.jsonl"""
+    eval_split: str = "test"
+    """split of --eval-dataset"""
+    eval_samples: int = 400
+    """test prompts"""
+    eval_max_prompt_tokens: int = 256
+    """a test prompt is the whole comment, cut to its last N tokens"""
+    eval_reward_model: str = "DaNLP/da-electra-hatespeech-detection"
+    """a second toxicity classifier; the test toxicity is its mean --eval-toxic-label probability"""
+    eval_toxic_label: str = "offensive"
+    """label of --eval-reward-model that means toxic"""
+
 
 METRICS = ["round", "step", "completions", "reward_mean", "reward_std", "n_kept", "n_negative",
-           "t_generate", "t_forward", "t_influence", "t_optim"]
+           "eval_toxicity", "t_generate", "t_forward", "t_influence", "t_optim", "t_eval"]
 
 
 def fail(msg):
@@ -124,8 +143,8 @@ def fail(msg):
 
 
 def load(flag, name, loader, *a, **kw):
-    """Load a model, tokenizer or dataset; on any failure stop with the flag's name, before a file is
-    written"""
+    """Load a model, tokenizer or dataset; on any failure stop with the flag's name, before a file
+    is written"""
     try:
         return loader(name, *a, **kw)
     except Exception as e:  # OSError, ValueError, hub and connection errors all end here
@@ -142,8 +161,9 @@ def load_rows(flag, name, split):
 
 
 def load_prompts(args, tokenizer):
-    """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt + continuation
-    text; split into training and held-out prompts. Returns the prompts as text, as TRL takes them."""
+    """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt +
+    continuation text; split into training and held-out prompts. Returns the prompts as text, as TRL
+    takes them."""
     rows = load_rows("--dataset", args.dataset, "train")
     if "prompt" not in rows.column_names:
         fail(f"--dataset {args.dataset!r} has no 'prompt' column (columns: {rows.column_names})")
@@ -171,26 +191,43 @@ def load_prompts(args, tokenizer):
     return train, held[:args.validation_size]
 
 
+def load_eval_prompts(args, tokenizer):
+    rows = load_rows("--eval-dataset", args.eval_dataset, args.eval_split)
+    if not {"comment_text", "label"} <= set(rows.column_names):
+        fail(f"--eval-dataset {args.eval_dataset!r} needs 'comment_text' and 'label' columns "
+             f"(has {rows.column_names})")
+    texts = [r["comment_text"] for r in rows if r["label"] == 1][:args.eval_samples]
+    if not texts:
+        fail(f"--eval-dataset {args.eval_dataset!r} has no toxic (label 1) rows in split "
+             f"{args.eval_split!r}")
+    return [tokenizer(t)["input_ids"][-args.eval_max_prompt_tokens:] for t in texts]
+
+
 def load_classifier(flag, name, label_flag, label):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     tok = load(flag, name, AutoTokenizer.from_pretrained)
     model = load(flag, name, AutoModelForSequenceClassification.from_pretrained).eval()
     labels = {v: int(k) for k, v in model.config.id2label.items()}
     if label not in labels:
-        fail(f"{label_flag} {label!r} is not a label of {flag} {name!r}; its labels are {sorted(labels)}")
+        fail(f"{label_flag} {label!r} is not a label of {flag} {name!r}; its labels are "
+             f"{sorted(labels)}")
     return model, tok, labels[label]
 
 
-def make_reward_fn(rm, bs=64):
+@torch.no_grad()
+def classify(model, tok, texts, bs=64):
+    device = next(model.parameters()).device
+    return torch.cat([model(**tok(texts[i:i + bs], padding=True, truncation=True,
+                                  return_tensors="pt").to(device)).logits.float()
+                      for i in range(0, len(texts), bs)])
+
+
+def make_reward_fn(rm):
     """The reward of a completion: the classifier's label logit on the completion alone"""
     model, tok, label = rm
 
-    @torch.no_grad()
     def label_logit(prompts, completions, **kwargs):  # TRL logs it as rewards/label_logit/mean
-        device = next(model.parameters()).device
-        return torch.cat([model(**tok(completions[i:i + bs], padding=True, truncation=True,
-                                      return_tensors="pt").to(device)).logits[:, label].float()
-                          for i in range(0, len(completions), bs)]).tolist()
+        return classify(model, tok, completions)[:, label].tolist()
     return label_logit
 
 
@@ -199,8 +236,8 @@ def batches(n, size):
 
 
 def completion_logprobs(model, b, idx, params=None):
-    """log pi_theta(y_t | x, y_<t) of every completion token of rows idx, as TRL's forward computes them
-    (left-padded prompt, right-padded completion, no position ids; temperature 1)"""
+    """log pi_theta(y_t | x, y_<t) of every completion token of rows idx, as TRL's forward computes
+    them (left-padded prompt, right-padded completion, no position ids; temperature 1)"""
     m = b["completion_mask"][idx]
     ids = torch.cat([b["prompt_ids"][idx], b["completion_ids"][idx]], 1)
     kw = dict(input_ids=ids, attention_mask=torch.cat([b["prompt_mask"][idx], m], 1),
@@ -210,10 +247,10 @@ def completion_logprobs(model, b, idx, params=None):
 
 
 def completion_losses(model, b, idx, args, params=None):
-    """Per-completion GRPO loss l_i (TRL's "dapo" loss): the token sum of the clipped surrogate and of
-    beta x the k3 estimate of KL(pi || pi_ref) times the ratio (TRL's importance-sampling correction),
-    over the generation batch's token count. Their sum over a generation batch is the loss of one step
-    on all of it."""
+    """Per-completion GRPO loss l_i (TRL's "dapo" loss): the token sum of the clipped surrogate and
+    of beta x the k3 estimate of KL(pi || pi_ref) times the ratio (TRL's importance-sampling
+    correction), over the generation batch's token count. Their sum over a generation batch is the
+    loss of one step on all of it."""
     logp = completion_logprobs(model, b, idx, params)
     m = b["completion_mask"][idx]
     old = b["old_per_token_logps"][idx] if "old_per_token_logps" in b else logp.detach()
@@ -229,40 +266,80 @@ def target(model, t, idx, args):
     """f restricted to target completions idx; summed over every batch of t it is f(theta) on t"""
     if args.target == "f_seq":  # Sec. 5.3: mean over completions of log pi(y|x) A_hat
         logp = completion_logprobs(model, t, idx)
-        return (t["advantages"][idx, None] * logp * t["completion_mask"][idx]).sum() / len(t["advantages"])
+        return ((t["advantages"][idx, None] * logp * t["completion_mask"][idx]).sum()
+                / len(t["advantages"]))
     return -completion_losses(model, t, idx, args).sum()  # f_loss: minus the GRPO loss on t
 
 
 def influence(model, b, t, args, reduce=lambda g: g):
-    """I_i = <grad f(theta), -grad l_i(theta)> of every completion i of b at theta(k) (Sec. 3.1, 5.1),
-    exactly: one backward pass over the target completions t gives grad f (reduce averages it over
-    processes), one forward-mode pass along it gives every completion's inner product."""
+    """I_i = <grad f(theta), -grad l_i(theta)> of every completion i of b at theta(k) (Sec. 3.1,
+    5.1), exactly: one backward pass over the target completions t gives grad f (reduce averages it
+    over processes), one forward-mode pass along it gives every completion's inner product."""
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     grads = [torch.zeros_like(p) for p in params.values()]
     for idx in batches(len(t["advantages"]), args.forward_batch_size):
-        g = torch.autograd.grad(target(model, t, idx, args), list(params.values()), allow_unused=True)
+        g = torch.autograd.grad(target(model, t, idx, args), list(params.values()),
+                                allow_unused=True)
         grads = [a if gi is None else a + gi for a, gi in zip(grads, g)]
     flat = reduce(torch.cat([g.flatten() for g in grads]))
     grads = flat.split([p.numel() for p in params.values()])
     scores = []
     # fused attention kernels have no forward-mode AD, the math one does
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), fwAD.dual_level():
-        duals = {n: fwAD.make_dual(p.detach(), g.view_as(p)) for (n, p), g in zip(params.items(), grads)}
+        duals = {n: fwAD.make_dual(p.detach(), g.view_as(p))
+                 for (n, p), g in zip(params.items(), grads)}
         for idx in batches(len(b["advantages"]), args.forward_batch_size):
             scores.append(-fwAD.unpack_dual(completion_losses(model, b, idx, args, duals)).tangent)
     return torch.cat(scores)
 
 
 def filter_records(scores, method, p, gen):
-    """Stage II of Alg. 1: returns the kept mask. 'influence' drops every completion with influence <= 0
-    (p None), or the floor(p x n_negative) most negative ones, ties broken by buffer order; 'random'
-    drops as many uniformly at random."""
+    """Stage II of Alg. 1: returns the kept mask. 'influence' drops every completion with
+    influence <= 0 (p None), or the floor(p x n_negative) most negative ones, ties broken by buffer
+    order; 'random' drops as many uniformly at random."""
     kept = torch.ones(len(scores), dtype=torch.bool)
     n_drop = int((scores <= 0).sum()) if p is None else int(p * int((scores < 0).sum()) + 1e-9)
     order = torch.argsort(scores, stable=True) if method == "influence" else \
         torch.randperm(len(scores), generator=gen)
     kept[order[:n_drop]] = False
     return kept
+
+
+@torch.no_grad()
+def sample_continuations(model, queries, tokenizer, args, bs=64):
+    """Continuations of the token-id queries, sampled from pi_theta itself as in training, bs
+    prompts per generate() call; each is its text up to its first EOS"""
+    device, texts = next(model.parameters()).device, []
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    for i in range(0, len(queries), bs):
+        q = queries[i:i + bs]
+        P = max(map(len, q))
+        ids = torch.full((len(q), P), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for j, x in enumerate(q):
+            ids[j, P - len(x):], attn[j, P - len(x):] = torch.tensor(x), 1
+        # every knob a model's generation_config may set is neutralised here
+        out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
+                             do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                             typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
+                             max_new_tokens=args.gen_tokens, min_new_tokens=0, pad_token_id=pad,
+                             eos_token_id=eos)[:, P:].cpu()
+        is_eos = out == eos
+        ends = torch.where(is_eos.any(1), is_eos.int().argmax(1), out.shape[1])
+        texts += [tokenizer.decode(row[:n], skip_special_tokens=True)
+                  for row, n in zip(out, ends.tolist())]
+    return texts
+
+
+def evaluate(model, queries, tokenizer, clf, args):
+    """App. B.3: mean toxicity probability of sampled continuations of toxic test prompts (a fixed
+    seed, and the training generator left untouched)"""
+    clf_model, tok, toxic = clf
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(args.seed + 10_000)
+        texts = sample_continuations(model, queries, tokenizer, args)
+    return classify(clf_model, tok, texts).softmax(-1)[:, toxic].mean().item()
 
 
 def timer():
@@ -276,15 +353,17 @@ def make_trainer_class():
 
     class IIFGRPOTrainer(GRPOTrainer):
         """GRPOTrainer that filters every generation batch before its update. TRL calls
-        _generate_and_score_completions once per generation batch, before the num_iterations passes over
-        it; the kept completions are what every pass trains on."""
+        _generate_and_score_completions once per generation batch, before the num_iterations passes
+        over it; the kept completions are what every pass trains on."""
 
-        def __init__(self, *a, iif_args, validation_prompts=(), **kw):
+        def __init__(self, *a, iif_args, validation_prompts=(), evaluation=None, **kw):
             super().__init__(*a, **kw)
             self.iif_args, self.validation_prompts = iif_args, list(validation_prompts)
+            self.evaluation = evaluation  # (the test classifier, the test prompts), or None
             self.writer = None  # (csv.DictWriter, its file), set by main
             self.iif_gen = torch.Generator().manual_seed(iif_args.seed)  # same on every process
-            self.t_gen, self.rewards, self.row, self.t_stage2_end, self.n_rounds = 0.0, None, None, 0.0, 0
+            self.t_gen, self.rewards, self.row = 0.0, None, None
+            self.t_stage2_end, self.n_rounds = 0.0, 0
 
         def _generate(self, prompts):
             t0 = timer()
@@ -304,35 +383,39 @@ def make_trainer_class():
             self.write_row()  # the previous generation batch's update is over
             args, acc = self.iif_args, self.accelerator
 
-            # Stage I (Alg. 1): the generation batch B(k) at theta(k): completions, rewards, advantages
+            # Stage I (Alg. 1): generation batch B(k) at theta(k): completions, rewards, advantages
             t0, self.t_gen = timer(), 0.0
             b = super()._generate_and_score_completions(inputs)
             t_generate, t_forward = self.t_gen, timer() - t0 - self.t_gen
             rewards = self.rewards[:, 0]
 
-            # Stage II (Alg. 1): score every completion at theta(k) (Sec. 5.1, 5.3), drop the harmful ones
+            # Stage II (Alg. 1): score completions at theta(k) (Sec. 5.1, 5.3), drop harmful ones
             t0 = timer()
             scores = None
             if args.filter_method != "none":
                 t = b if args.target_data == "buffer" else self.validation_batch()
                 model = acc.unwrap_model(self.model)
-                scores = influence(model, b, t, args, reduce=lambda g: acc.reduce(g, reduction="mean"))
-                all_scores = acc.gather(scores).cpu()  # the whole generation batch, in process order
+                scores = influence(model, b, t, args,
+                                   reduce=lambda g: acc.reduce(g, reduction="mean"))
+                # the whole generation batch, in process order
+                all_scores = acc.gather(scores).cpu()
                 if not torch.isfinite(all_scores).all():
-                    fail(f"generation batch {self.n_rounds}: non-finite influence; lower --learning-rate")
+                    fail(f"generation batch {self.n_rounds}: non-finite influence; "
+                         "lower --learning-rate")
                 kept = filter_records(all_scores, args.filter_method, args.filter_p, self.iif_gen)
                 n = len(scores)
                 mine = kept[acc.process_index * n:][:n, None].to(b["completion_mask"])
-                # dropped as TRL's mask_truncated_completions drops: out of the loss and its normaliser
+                # dropped as by TRL's mask_truncated_completions: out of the loss and its normaliser
                 b["completion_mask"] = b["completion_mask"] * mine
                 b["num_items_in_batch"] = acc.gather(b["completion_mask"].sum()).sum()
             else:
                 kept = torch.ones(len(rewards), dtype=torch.bool)
             n_kept = int(kept.sum())
             self._metrics["train"]["iif/kept_fraction"].append(n_kept / len(kept))
-            self.row = dict(round=self.n_rounds, step=self.state.global_step, completions=len(rewards),
-                            reward_mean=rewards.nanmean().item(), reward_std=rewards.std().item(),
-                            n_kept=n_kept, n_negative="" if scores is None else int((all_scores < 0).sum()),
+            self.row = dict(round=self.n_rounds, step=self.state.global_step,
+                            completions=len(rewards), reward_mean=rewards.nanmean().item(),
+                            reward_std=rewards.std().item(), n_kept=n_kept,
+                            n_negative="" if scores is None else int((all_scores < 0).sum()),
                             t_generate=t_generate, t_forward=t_forward, t_influence=timer() - t0)
             self.n_rounds += 1
             self.t_stage2_end = timer()
@@ -340,30 +423,43 @@ def make_trainer_class():
             return b
 
         def validation_batch(self):
-            """Fresh completions (with rewards, advantages, reference log-probs) of the held-out prompts,
-            this process's share; kept out of TRL's logs"""
+            """Fresh completions (with rewards, advantages, reference log-probs) of the held-out
+            prompts, this process's share; kept out of TRL's logs"""
             G, acc = self.num_generations, self.accelerator
             rows = [{"prompt": p} for p in self.validation_prompts for _ in range(G)]
             n = len(rows) // acc.num_processes
-            saved = self._metrics["train"], self._logs, self.state.num_input_tokens_seen, self.rewards
-            self._metrics["train"], self._logs = defaultdict(list), copy.deepcopy(self._logs)  # scratch
+            saved = (self._metrics["train"], self._logs, self.state.num_input_tokens_seen,
+                     self.rewards)
+            # scratch logs, dropped afterwards
+            self._metrics["train"], self._logs = defaultdict(list), copy.deepcopy(self._logs)
             try:
                 return super()._generate_and_score_completions(rows[acc.process_index * n:][:n])
             finally:
-                self._metrics["train"], self._logs, self.state.num_input_tokens_seen, self.rewards = saved
+                (self._metrics["train"], self._logs, self.state.num_input_tokens_seen,
+                 self.rewards) = saved
 
-        def write_row(self):
-            """One metrics.csv row per generation batch, once its update (Stage III) is over"""
+        def write_row(self, last=False):
+            """One metrics.csv row per generation batch, once its update (Stage III) is over; the
+            test toxicity after every --eval-every-th update and after the last, measured on the
+            main process"""
             if self.row is None:
                 return
-            self.row["t_optim"] = timer() - self.t_stage2_end
+            r, args = self.row, self.iif_args
+            r["t_optim"], r["eval_toxicity"], r["t_eval"] = timer() - self.t_stage2_end, "", 0.0
             if self.writer is not None and self.accelerator.is_main_process:
-                self.writer[0].writerow(self.row)
+                if self.evaluation and ((r["round"] + 1) % args.eval_every == 0 or last):
+                    t0 = timer()
+                    r["eval_toxicity"] = evaluate(self.accelerator.unwrap_model(self.model),
+                                                  self.evaluation[1], self.processing_class,
+                                                  self.evaluation[0], args)
+                    r["t_eval"] = timer() - t0
+                self.writer[0].writerow(r)
                 self.writer[1].flush()
-                r = self.row
-                print(f"generation batch {r['round']} reward {r['reward_mean']:.3f} | kept {r['n_kept']}/"
-                      f"{r['completions']} | s: generate {r['t_generate']:.1f} forward {r['t_forward']:.1f} "
-                      f"influence {r['t_influence']:.1f} optim {r['t_optim']:.1f}", flush=True)
+                tox = f" toxicity {r['eval_toxicity']:.3f}" if r["eval_toxicity"] != "" else ""
+                print(f"generation batch {r['round']} reward {r['reward_mean']:.3f} | kept "
+                      f"{r['n_kept']}/{r['completions']}{tox} | s: generate {r['t_generate']:.1f} "
+                      f"forward {r['t_forward']:.1f} influence {r['t_influence']:.1f} "
+                      f"optim {r['t_optim']:.1f}", flush=True)
             self.row = None
 
     return IIFGRPOTrainer
@@ -376,8 +472,9 @@ def world_size():
 def resolve_args(args):
     """Check every flag before anything is loaded; fail early with the flag's name."""
     for key in ("num_generations", "batch_size", "mini_batch_size", "gradient_accumulation_steps",
-                "num_iterations", "gen_tokens", "prompt_min_tokens", "validation_size", "forward_batch_size",
-                "lora_r", "logging_steps"):
+                "num_iterations", "gen_tokens", "prompt_min_tokens", "validation_size",
+                "forward_batch_size", "lora_r", "logging_steps", "eval_samples",
+                "eval_max_prompt_tokens"):
         if getattr(args, key) < 1:
             fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
     if args.num_generations < 2:
@@ -389,14 +486,17 @@ def resolve_args(args):
     if args.batch_size % (args.mini_batch_size * world_size()):
         fail(f"--batch-size ({args.batch_size}) must be a multiple of --mini-batch-size "
              f"({args.mini_batch_size}) x {world_size()} processes")
-    if args.target_data == "validation" and (args.validation_size * args.num_generations) % world_size():
-        fail(f"--validation-size ({args.validation_size}) x --num-generations must be a multiple of the "
-             f"{world_size()} processes")
+    n_validation = args.validation_size * args.num_generations
+    if args.target_data == "validation" and n_validation % world_size():
+        fail(f"--validation-size ({args.validation_size}) x --num-generations must be a multiple "
+             f"of the {world_size()} processes")
     if args.prompt_max_tokens < args.prompt_min_tokens:
         fail(f"--prompt-max-tokens ({args.prompt_max_tokens}) must be at least --prompt-min-tokens "
              f"({args.prompt_min_tokens})")
     if args.max_steps is not None and args.max_steps < 1:
         fail(f"--max-steps must be at least 1, got {args.max_steps}")
+    if args.eval_every < 0:
+        fail(f"--eval-every must be 0 (never) or more, got {args.eval_every}")
     if args.filter_p is not None and not 0 < args.filter_p <= 1:
         fail(f"--filter-p must be in (0, 1], got {args.filter_p}")
     if not 0 <= args.held_out_fraction < 1:
@@ -416,8 +516,8 @@ def resolve_args(args):
 
 def make_config(args, run_dir):
     from trl import GRPOConfig
-    # GRPOConfig's own defaults differ from TrainingArguments' (bf16, activation (gradient) checkpointing,
-    # lr 1e-6): every one that matters is set here
+    # GRPOConfig's own defaults differ from TrainingArguments' (bf16, activation (gradient)
+    # checkpointing, lr 1e-6): every one that matters is set here
     return GRPOConfig(
         output_dir=run_dir, seed=args.seed, use_cpu=args.use_cpu, bf16=False, fp16=False,
         activation_checkpointing=False, report_to="none", save_strategy="no",
@@ -429,14 +529,16 @@ def make_config(args, run_dir):
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         generation_batch_size=args.batch_size, num_generations=args.num_generations,
         num_iterations=args.num_iterations, max_completion_length=args.gen_tokens,
-        temperature=1.0, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,  # sample pi_theta itself
+        # sample pi_theta itself
+        temperature=1.0, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,
         beta=args.beta, epsilon=args.epsilon, loss_type="dapo", scale_rewards="group",
-        use_bias_correction_kl=True, mask_truncated_completions=False, use_vllm=False, log_completions=False)
+        use_bias_correction_kl=True, mask_truncated_completions=False, use_vllm=False,
+        log_completions=False)
 
 
 def make_trainer(args, dtype=torch.float32):
-    """Load the models and prompts and build the trainer; a name that fails stops here, before the run
-    folder is made"""
+    """Load the models and prompts and build the trainer; a name that fails stops here, before the
+    run folder is made"""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = load("--model-name", args.model_name, AutoTokenizer.from_pretrained)
@@ -445,6 +547,11 @@ def make_trainer(args, dtype=torch.float32):
     lm = load("--model-name", args.model_name, AutoModelForCausalLM.from_pretrained, dtype=dtype)
     rm = load_classifier("--reward-model", args.reward_model, "--reward-label", args.reward_label)
     train_prompts, val_prompts = load_prompts(args, tokenizer)
+    evaluation = None
+    if args.eval_every:
+        evaluation = (load_classifier("--eval-reward-model", args.eval_reward_model,
+                                      "--eval-toxic-label", args.eval_toxic_label),
+                      load_eval_prompts(args, tokenizer))
     peft_config = None
     if args.lora:
         from peft import LoraConfig
@@ -459,14 +566,21 @@ def make_trainer(args, dtype=torch.float32):
         trainer = make_trainer_class()(
             model=lm, reward_funcs=make_reward_fn(rm), args=config, processing_class=tokenizer,
             train_dataset=Dataset.from_dict({"prompt": train_prompts}), peft_config=peft_config,
-            iif_args=args, validation_prompts=val_prompts)
+            iif_args=args, validation_prompts=val_prompts, evaluation=evaluation)
     except ValueError as e:  # peft's answer to --lora-target-modules that the model does not have
         fail(f"--lora-target-modules: {e}" if args.lora_target_modules else str(e))
     acc = trainer.accelerator
-    if acc.distributed_type.value in ("FSDP", "DEEPSPEED") and args.filter_method != "none":
+    sharded = acc.distributed_type.value in ("FSDP", "DEEPSPEED")
+    if sharded and args.filter_method != "none":
         fail(f"--filter-method {args.filter_method} needs whole parameters on every process; "
              f"{acc.distributed_type.value} shards them (use DDP, or --filter-method none)")
+    if sharded and args.eval_every:
+        fail(f"--eval-every {args.eval_every}: test toxicity is sampled on the main process alone, "
+             f"from whole parameters; {acc.distributed_type.value} shards them (use DDP, or "
+             "--eval-every 0)")
     rm[0].to(acc.device)
+    if evaluation:
+        evaluation[0][0].to(acc.device)
     return trainer
 
 
@@ -486,12 +600,12 @@ def main(args):
     if acc.is_main_process:
         print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {acc.device} x "
               f"{acc.num_processes}: generation batches of {args.batch_size} completions "
-              f"({args.num_generations} per prompt), filter {args.filter_method}, target {args.target} on "
-              f"{args.target_data} -> {run_dir}", flush=True)
+              f"({args.num_generations} per prompt), filter {args.filter_method}, target "
+              f"{args.target} on {args.target_data} -> {run_dir}", flush=True)
     try:
         # Stage III (Alg. 1) runs inside: TRL's GRPO steps, num_iterations passes per filtered batch
         trainer.train()
-        trainer.write_row()
+        trainer.write_row(last=True)
         trainer.save_model(os.path.join(run_dir, "policy"))  # the adapter only, with LoRA
     finally:  # also on Ctrl-C: every finished generation batch is in metrics.csv
         metrics_file.close()

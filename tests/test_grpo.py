@@ -24,9 +24,10 @@ def toy(tmp_path_factory):
     out = tmp_path_factory.mktemp("toy")
     torch.manual_seed(0)
     tok = byte_tokenizer()
-    write_data(str(out), random.Random(0), n_prompts=60, n_eval=4)
+    write_data(str(out), random.Random(0), n_prompts=60, n_eval=40)
     for name, model in [("policy", tiny_lm(tok, "gpt2", width=32, heads=2)),
-                        ("reward", tiny_classifier(tok, ["nothate", "hate"], width=32, heads=2))]:
+                        ("reward", tiny_classifier(tok, ["nothate", "hate"], width=32, heads=2)),
+                        ("eval_reward", tiny_classifier(tok, ["not offensive", "offensive"], width=32, heads=2))]:
         model.save_pretrained(out / name)
         tok.save_pretrained(out / name)
     return out
@@ -34,9 +35,10 @@ def toy(tmp_path_factory):
 
 def flags(toy, *extra):
     return ["--model-name", str(toy / "policy"), "--reward-model", str(toy / "reward"),
-            "--dataset", str(toy / "prompts.jsonl"), "--num-generations", "2", "--batch-size", "8",
-            "--mini-batch-size", "8", "--gen-tokens", "6", "--forward-batch-size", "3", "--validation-size", "2",
-            "--threads", "1", "--use-cpu", "--max-steps", "2", *extra]
+            "--dataset", str(toy / "prompts.jsonl"), "--eval-dataset", str(toy / "wiki_toxic.jsonl"),
+            "--eval-reward-model", str(toy / "eval_reward"), "--eval-samples", "4", "--num-generations", "2",
+            "--batch-size", "8", "--mini-batch-size", "8", "--gen-tokens", "6", "--forward-batch-size", "3",
+            "--validation-size", "2", "--threads", "1", "--use-cpu", "--max-steps", "2", *extra]
 
 
 def parse(toy, tmp_path, *extra, name="r"):
@@ -85,6 +87,7 @@ def test_two_steps_end_to_end(runs, method):
     assert [r["round"] for r in rows] == ["0", "1"] and list(rows[0]) == grpo_iif.METRICS
     for r in rows:
         assert int(r["completions"]) == 8 and float(r["t_generate"]) > 0 and float(r["t_optim"]) > 0
+        assert 0 <= float(r["eval_toxicity"]) <= 1 and float(r["t_eval"]) > 0  # after every update
         if method == "none":
             assert int(r["n_kept"]) == 8 and r["n_negative"] == ""
         else:
@@ -95,6 +98,18 @@ def test_two_steps_end_to_end(runs, method):
     config = json.load(open(run / "config.json"))
     assert config["filter_method"] == method and config["batch_size"] == 8
     assert (run / "policy" / "adapter_config.json").exists()
+
+
+def test_eval_every_n_and_the_last_leaves_training_unchanged(runs, toy, tmp_path):
+    """--eval-every 3 over 4 generation batches measures after the third and the last; training's
+    random state is untouched by it, so the first two batches are those of the run measuring every one"""
+    torch.manual_seed(0)
+    grpo_iif.main(parse(toy, tmp_path, "--filter-method", "none", "--eval-every", "3", "--max-steps", "4"))
+    rows = read_rows(tmp_path / "r")
+    assert [r["eval_toxicity"] == "" for r in rows] == [True, True, False, False]
+    assert all(0 <= float(r["eval_toxicity"]) <= 1 for r in rows[2:]) and float(rows[0]["t_eval"]) == 0
+    every = read_rows(runs / "toy__none__1")
+    assert [r["reward_mean"] for r in rows[:2]] == [r["reward_mean"] for r in every]
 
 
 def test_analysis_rlhf_draws_grpo_runs(runs, capsys):
@@ -186,7 +201,9 @@ def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy, capsys):
                           (("--num-generations", "1"), "--num-generations"), (("--max-steps", "0"), "--max-steps"),
                           (("--mini-batch-size", "3"), "--mini-batch-size"),
                           (("--validation-size", "500", "--target-data", "validation"), "--validation-size"),
-                          (("--reward-label", "toxic"), "'nothate'"),
+                          (("--reward-label", "toxic"), "'nothate'"), (("--eval-every", "-1"), "--eval-every"),
+                          (("--eval-samples", "0"), "--eval-samples"),
+                          (("--eval-toxic-label", "toxic"), "'offensive'"),
                           (("--lora-target-modules", "no_such_module"), "--lora-target-modules")]:
         with pytest.raises(SystemExit) as e:
             grpo_iif.main(parse(toy, tmp_path, *extra))
@@ -200,7 +217,9 @@ def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy, capsys):
 
 @pytest.mark.parametrize("flag,name", [("--dataset", "no-such-org/no-such-dataset"),
                                        ("--dataset", "/nonexistent/prompts.jsonl"),
-                                       ("--reward-model", "/nonexistent/classifier")])
+                                       ("--reward-model", "/nonexistent/classifier"),
+                                       ("--eval-dataset", "/nonexistent/wiki_toxic.jsonl"),
+                                       ("--eval-reward-model", "/nonexistent/classifier")])
 def test_unloadable_name_stops_cleanly(tmp_path, toy, flag, name):
     args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "r")
     args[args.index(flag) + 1] = name
@@ -230,5 +249,6 @@ def test_docs_links_point_at_what_they_name():
             continue
         links = re.findall(r"\[`([^`]+)`\]\((?:\.\./)?grpo_iif\.py#L(\d+)\)", open(path).read())
         assert len(links) >= 5, doc
-        for name, line in links:
-            assert name in lines[int(line) - 1], f"{doc} links `{name}` to line {line}: {lines[int(line) - 1]!r}"
+        for name, line in links:  # the line that defines it: its def or class, or a "# Stage I (" comment
+            defines = re.compile(rf"^\s*((def|class) {re.escape(name)}\(|# {re.escape(name)} \()")
+            assert defines.match(lines[int(line) - 1]), f"{doc} links `{name}` to line {line}: {lines[int(line) - 1]!r}"
