@@ -143,3 +143,23 @@ def test_minigrid_bottom_records(tmp_path):
     out = sh("analysis.py", "bottom-records", "--run", saved, "--rounds", "0", "--n", "4",
              "--out", str(tmp_path / "m.png"))
     assert out.count("  record ") == 4 and (tmp_path / "m.png").exists()
+
+
+def test_ablation_table_from_hand_made_runs(tmp_path):
+    def write(variant, label, seed, returns, t_optim=1.0, t_influence=0.0):
+        d = tmp_path / variant / f"E-v0__{label}__{seed}"
+        d.mkdir(parents=True)
+        lines = ["test_return_mean,t_optim,t_influence"] + [f"{r},{t_optim},{t_influence}" for r in returns]
+        (d / "metrics.csv").write_text("\n".join(lines) + "\n")
+    # recipe a, seed 1: standard reaches levels .1, .3, .9 after 1, 2, 4 rounds; IIF after 1, 1, 2
+    write("a", "none", 1, [0.1, 0.3, 0.3, 0.9])
+    write("a", "influence", 1, [0.3, 0.9, 0.9, 0.9], t_optim=1.0, t_influence=0.5)
+    write("a", "none", 2, [0.1, 0.2])  # unfinished: skipped by --complete
+    write("a", "influence", 2, [0.1, 0.2])
+    write("b", "none", 1, [0.1, 0.3, 0.3, 0.9])  # recipe b has no IIF run
+    out = sh("analysis.py", "ablation", "--runs", str(tmp_path), "--variants", "a", "b", "--env", "E-v0",
+             "--at-round", "2", "--complete", "E-v0=4")
+    se_ave, se_peak, rt_peak = np.mean([0, 1 - 1 / 2, 1 - 2 / 4]), 1 - 2 / 4, 1 - 2 * 1.5 / 4
+    assert (f"| E-v0 | a | 1 | {100 * se_ave:.1f} ± 0.0 | {100 * se_peak:.1f} ± 0.0 | {100 * rt_peak:.1f} ± 0.0 "
+            "| 0.300 ± 0.000 | 0.900 ± 0.000 | 0.900 ± 0.000 |") in out
+    assert "| E-v0 | b | 0 |" in out
