@@ -134,8 +134,7 @@ def cmd_ablation(args):
             seeds = sorted(set(runs.get("none", {})) & set(runs.get("influence", {})))
             if env_id in rounds:
                 seeds = [s for s in seeds if len(runs["none"][s]) == len(runs["influence"][s]) == rounds[env_id]]
-            if not seeds:
-                print(f"| {env_id} | {variant} | 0 | | | | | | |")
+            if not seeds:  # a recipe not run on this env
                 continue
             res = [efficiency(runs["none"][s], runs["influence"][s]) for s in seeds]
             final = {m: [runs[m][s][-1]["test_return_mean"] for s in seeds] for m in ("none", "influence")}

@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
 # Every figure and table under results/figures from the runs of results/reproduce.sh and the
-# diagnostics runs (README, "Results"); each command's printout is kept beside its figure. The
-# heuristics and the p sweep were run under the first release's recipe: they read
-# results/ablation/first-release, and so does their standard PPO.
+# diagnostics runs (README, "Results"); each command's printout is kept beside its figure.
 # An environment is drawn once all 9 of its runs (IIF, standard, random x 3 seeds) are complete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F=results/figures
 D=results/diagnostics
-R1=results/ablation/first-release
 complete() {  # all of env $1's influence/none/random runs hold every round
   for m in influence none random; do for s in 1 2 3; do
     f=results/runs/$1__${m}__$s/metrics.csv
@@ -17,16 +14,16 @@ complete() {  # all of env $1's influence/none/random runs hold every round
 }
 python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels influence none random --out $F/curves_frozenlake.png > $F/curves_frozenlake.txt
 python analysis.py efficiency --runs results/runs --env FrozenLake-v1 --at 0.5 0.9 0.95 0.99 > $F/efficiency_frozenlake.md
-python analysis.py curves --runs $R1 --env FrozenLake-v1 --labels influence none random adv-error adv-product td-weight --out $F/curves_baselines_frozenlake.png > $F/curves_baselines_frozenlake.txt
+python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels influence none random adv-error adv-product td-weight --out $F/curves_baselines_frozenlake.png > $F/curves_baselines_frozenlake.txt
 for label in random adv-error adv-product td-weight; do
-  python analysis.py efficiency --runs $R1 --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
+  python analysis.py efficiency --runs results/runs --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
 done > $F/efficiency_baselines_frozenlake.md
 python analysis.py bottom-records --run $D/FrozenLake-v1__none__1 --rounds 2 5 10 --out $F/bottom_records_frozenlake.png > $F/bottom_records_frozenlake.txt
 python analysis.py advantage-diagnosis --run $D/FrozenLake-v1__none__1 --round 5 --out $F/advantage_diagnosis_frozenlake.png > $F/advantage_diagnosis_frozenlake.txt
 python analysis.py intervention --run $D/FrozenLake-v1__none__{1,2,3} --every 2 --episodes 1000 --out $F/intervention_frozenlake.png > $F/intervention_frozenlake.txt
-python analysis.py curves --runs $R1 --env FrozenLake-v1 --labels none p1 influence p0.25 p0.125 p0.0625 --out $F/curves_p_frozenlake.png > $F/curves_p_frozenlake.txt
+python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels none p1 influence p0.25 p0.125 p0.0625 --out $F/curves_p_frozenlake.png > $F/curves_p_frozenlake.txt
 for label in p1 influence p0.25 p0.125 p0.0625; do
-  python analysis.py efficiency --runs $R1 --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
+  python analysis.py efficiency --runs results/runs --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
 done > $F/efficiency_p_frozenlake.md
 if complete Acrobot-v1 50; then
   python analysis.py curves --runs results/runs --env Acrobot-v1 --labels influence none random --out $F/curves_acrobot.png > $F/curves_acrobot.txt
@@ -38,13 +35,16 @@ if complete MiniGrid-Empty-8x8-v0 40; then
   python analysis.py curves --runs results/runs --env MiniGrid-Empty-8x8-v0 --labels influence none random --out $F/curves_minigrid.png > $F/curves_minigrid.txt
   python analysis.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --at 0.5 0.9 > $F/efficiency_minigrid.md
   python analysis.py bottom-records --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 2 5 --n 8 --out $F/bottom_records_minigrid.png > $F/bottom_records_minigrid.txt
-  python analysis.py curves --runs $R1 --env MiniGrid-Empty-8x8-v0 --labels influence none adv-error adv-product --out $F/curves_baselines_minigrid.png > $F/curves_baselines_minigrid.txt
+  python analysis.py curves --runs results/runs --env MiniGrid-Empty-8x8-v0 --labels influence none adv-error adv-product --out $F/curves_baselines_minigrid.png > $F/curves_baselines_minigrid.txt
   for label in adv-error adv-product; do
-    python analysis.py efficiency --runs $R1 --env MiniGrid-Empty-8x8-v0 --label $label --at 0.5
+    python analysis.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --label $label --at 0.5
   done > $F/efficiency_baselines_minigrid.md
 fi
 if [ -f results/runs/rlhf-toy__influence__3/metrics.csv ]; then  # bash results/rlhf_toy.sh
   python analysis.py rlhf --runs results/runs --env rlhf-toy --out $F/rlhf_toy.png > $F/rlhf_toy.md
+fi
+if [ -f results/runs/grpo-toy__random__3/metrics.csv ]; then  # bash results/grpo_toy.sh
+  python analysis.py rlhf --runs results/runs --env grpo-toy --out $F/grpo_toy.png > $F/grpo_toy.md
 fi
 V="first-release released-code no-clip keep-ties raw-target minibatch-norm policy-loss"  # bash results/ablation.sh
 python analysis.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 \
