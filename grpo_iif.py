@@ -471,7 +471,7 @@ def world_size():
 
 def resolve_args(args):
     """Check every flag before anything is loaded; fail early with the flag's name."""
-    for key in ("num_generations", "batch_size", "mini_batch_size", "gradient_accumulation_steps",
+    for key in ("batch_size", "mini_batch_size", "gradient_accumulation_steps",
                 "num_iterations", "gen_tokens", "prompt_min_tokens", "validation_size",
                 "forward_batch_size", "lora_r", "logging_steps", "eval_samples",
                 "eval_max_prompt_tokens"):

@@ -2,7 +2,6 @@
 import csv
 import json
 import os
-import random
 import subprocess
 import sys
 
@@ -11,24 +10,8 @@ import torch
 import tyro
 
 import rlhf_iif
-from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_classifier, tiny_lm, write_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    """Untrained tiny models saved with save_pretrained, loaded back by path as the hub models would be"""
-    out = tmp_path_factory.mktemp("toy")
-    torch.manual_seed(0)
-    tok = byte_tokenizer()
-    write_data(str(out), random.Random(0), n_prompts=60, n_eval=40)
-    for name, model in [("policy", tiny_lm(tok, "gpt2", width=32, heads=2)),
-                        ("reward", tiny_classifier(tok, ["nothate", "hate"], width=32, heads=2)),
-                        ("eval_reward", tiny_classifier(tok, ["not offensive", "offensive"], width=32, heads=2))]:
-        model.save_pretrained(out / name)
-        tok.save_pretrained(out / name)
-    return out
 
 
 def flags(toy, *extra):
