@@ -57,9 +57,13 @@ def first_round(returns, v):
 
 
 def record_levels(returns):
-    """The strictly increasing sequence of record test returns set by a run (its running maxima)."""
+    """The strictly increasing sequence of record test returns set by a run (its running maxima). A run
+    made with --eval-every N has nan for its untested rounds: they set no level, and m(v) counts rounds,
+    so SE is measured on the tested rounds."""
     levels = []
     for r in returns:
+        if math.isnan(r):
+            continue
         if not levels or r > levels[-1]:
             levels.append(r)
     return levels
@@ -160,6 +164,8 @@ def cmd_curves(args):
             n = min(len(rows) for rows in runs[label].values())
             curves = np.array([[r["test_return_mean"] for r in rows[:n]] for rows in runs[label].values()])
             x = np.arange(1, n + 1)
+            tested = ~np.isnan(curves).any(0)  # --eval-every N: only the tested rounds
+            curves, x = curves[:, tested], x[tested]
             mean, std = curves.mean(0), curves.std(0)
             ax.plot(x, mean, color=colors[label], label=f"{LABELS.get(label, label)} ({len(curves)} seeds)")
             ax.fill_between(x, mean - std, mean + std, color=colors[label], alpha=0.2, linewidth=0)
@@ -257,6 +263,7 @@ def load_config(run_dir):
     # runs made before these flags existed used what are now their values below
     config.setdefault("adv_norm", "buffer" if config.pop("norm_adv", True) else "none")
     config.setdefault("influence_loss", "full")
+    config.setdefault("env_backend", "gymnasium")
     return config
 
 

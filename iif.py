@@ -5,15 +5,17 @@ Reinforcement Learning" (Hu, Wu et al., NeurIPS 2025). Each round k collects a r
 with the policy at theta(k), scores every record by its influence on a target function, drops the
 most harmful records and runs the ordinary PPO update on the rest (Alg. 1).
 
-    python iif.py --env-id Acrobot-v1 --filter-p 0.5
+    python iif.py --env-id Acrobot-v1
 """
 import csv
+import dataclasses
+import importlib.util
 import json
 import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+import warnings
 from typing import Literal, Optional
 
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")  # highway-env imports pygame
@@ -26,7 +28,7 @@ from torch.distributions import Categorical, Normal
 from torch.func import functional_call, jvp
 
 
-@dataclass
+@dataclasses.dataclass
 class Args:
     env_id: str = "Acrobot-v1"
     """gymnasium id: a paper preset (FrozenLake-v1, MiniGrid-Empty-8x8-v0, Acrobot-v1, highway-v0,
@@ -40,7 +42,14 @@ class Args:
     save_rounds: bool = False
     """also write <run>/rounds/round_KKKK.pt: theta(k) and the scored buffer B(k) of every round"""
     threads: int = 1
-    """torch CPU threads (small networks run fastest and steadiest on one)"""
+    """torch CPU threads (small networks run fastest and steadiest on one), and envpool's threads"""
+    env_backend: Literal["auto", "gymnasium", "envpool"] = "auto"
+    """environments of the rollouts and the test episodes: gymnasium (what the paper used), envpool
+    (batched C++ ports, `pip install envpool`; checked against gymnasium in docs/backends.md) or auto:
+    envpool where a preset has a checked port and envpool is installed, gymnasium otherwise"""
+    resume: bool = False
+    """continue <runs-dir>/<run-name> from its last finished round (its checkpoint.pt) with the same
+    flags; the environments start fresh episodes. Without a checkpoint the run starts from round 0"""
 
     # None below: the value in PRESETS for a paper env, else the one in DEFAULTS
     total_timesteps: Optional[int] = None
@@ -52,7 +61,9 @@ class Args:
     filter_p: Optional[float] = None
     """fraction p in (0, 1] of the negative-influence records to drop each round (None: the preset's)"""
     eval_episodes: Optional[int] = None
-    """test episodes after every round (None: the preset's)"""
+    """test episodes after every tested round (None: the preset's)"""
+    eval_every: int = 1
+    """test after every N-th round only (rounds N-1, 2N-1, ...; the others get an empty test return)"""
 
     filter_method: Literal["influence", "random", "none", "adv-error", "adv-product", "td-weight"] = "influence"
     """influence: IIF; random: drop as many records uniformly at random; none: standard PPO; baselines of
@@ -72,8 +83,8 @@ class Args:
     """parallel environments collecting the buffer"""
     async_envs: bool = False
     """step the environments in subprocesses (pays off only for slow envs such as highway)"""
-    eval_envs: int = 16
-    """parallel environments for the test episodes"""
+    eval_envs: Optional[int] = None
+    """parallel environments for the test episodes (None: one per episode on envpool, 16 on gymnasium)"""
     num_steps: int = 2048
     """steps per environment per round; the buffer holds num-steps x num-envs records"""
     minibatch_size: int = 64
@@ -109,24 +120,26 @@ class Args:
     released code); drop: exactly floor(p x negatives) are dropped, ties broken by buffer order"""
 
 
-# App. B.1-B.2: the paper's budget, optimizer, filter p and test episodes for each environment
+# App. B.1-B.2: the paper's budget, optimizer, filter p and test episodes for each environment;
+# envpool: the keyword arguments of its port (a preset without one runs on gymnasium only)
 PRESETS = {
     "FrozenLake-v1": dict(total_timesteps=102_400, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
                           eval_episodes=1000, env_kwargs=dict(map_name="4x4", is_slippery=False)),
     "MiniGrid-Empty-8x8-v0": dict(total_timesteps=81_920, optimizer="sgd", learning_rate=5e-3,
-                                  filter_p=0.125, eval_episodes=1000),
+                                  filter_p=0.125, eval_episodes=1000, envpool={}),
     "Acrobot-v1": dict(total_timesteps=102_400, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
-                       eval_episodes=1000),
+                       eval_episodes=1000, envpool={}),
     "highway-v0": dict(total_timesteps=204_800, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
                        eval_episodes=100, env_kwargs=dict(config=dict(  # a misspelt key is silently ignored
                            vehicles_count=10, observation=dict(type="Kinematics"),
-                           action=dict(type="DiscreteMetaAction")))),
+                           action=dict(type="DiscreteMetaAction"))), envpool=dict(vehicles_count=10)),
     "LunarLander-v3": dict(total_timesteps=307_200, optimizer="sgd", learning_rate=5e-3, filter_p=0.125,
-                           eval_episodes=1000),
+                           eval_episodes=1000, envpool={}),
     "BipedalWalker-v3": dict(total_timesteps=1_024_000, optimizer="adam", learning_rate=3e-4,
-                             filter_p=0.0625, eval_episodes=100),
+                             filter_p=0.0625, eval_episodes=100, envpool={}),
 }
-PRESETS["highway-fast-v0"] = PRESETS["highway-v0"]  # the same task, simulated about twice as fast
+# not the paper's task: 3 lanes, 5 Hz, 30-step episodes; highway-env's quick variant of highway-v0
+PRESETS["highway-fast-v0"] = {k: v for k, v in PRESETS["highway-v0"].items() if k != "envpool"}
 # any other env: SB3's PPO defaults, 50 rounds
 DEFAULTS = dict(total_timesteps=102_400, optimizer="adam", learning_rate=3e-4, filter_p=0.5, eval_episodes=100)
 
@@ -159,7 +172,60 @@ def make_env(env_id, env_kwargs):
     return thunk
 
 
+class EnvpoolVec:
+    """envpool's batched C++ environments behind the gymnasium vector API used here. envpool resets a
+    finished environment on its *next* step, which ignores the action and returns reward 0 and the first
+    observation: a record that is no transition. This wrapper resets it at once instead, as gymnasium's
+    SAME_STEP mode does, so both backends give the buffer the same records. reset(seed=s) rebuilds the
+    pool (envpool fixes seeds at creation): environment i then runs on seed s + i, as on gymnasium."""
+
+    def __init__(self, env_id, kwargs, num_envs, threads):
+        self.env_id, self.kwargs, self.num_envs, self.threads = env_id, kwargs, num_envs, threads
+        self.pool = self.make(0)
+        space, self.single_action_space = self.pool.observation_space, self.pool.action_space
+        self.image = isinstance(space, gym.spaces.Dict)  # MiniGrid: keep the (7, 7, 3) view, as ImgObsWrapper
+        space = space["image"] if self.image else space
+        if len(space.shape) == 2:  # highway's (vehicles, features), flattened as on gymnasium
+            space = gym.spaces.Box(-np.inf, np.inf, (int(np.prod(space.shape)),), np.float32)
+        self.single_observation_space = space
+
+    def make(self, seed):
+        import envpool
+        pool = envpool.make(self.env_id, env_type="gymnasium", num_envs=self.num_envs, seed=seed,
+                            num_threads=self.threads, **self.kwargs)
+        with warnings.catch_warnings():  # its spaces have float64 bounds, which gymnasium warns it casts
+            warnings.simplefilter("ignore")
+            pool.observation_space, pool.action_space  # built on first use, then kept
+        return pool
+
+    def obs(self, o):
+        o = o["image"] if self.image else o
+        return o.reshape(len(o), *self.single_observation_space.shape)
+
+    def reset(self, seed=None):
+        if seed is not None:
+            self.pool = self.make(seed)
+        o, info = self.pool.reset()
+        return self.obs(o), info
+
+    def step(self, action, env_id=None):
+        """Step all environments, or only those in env_id (the returned arrays follow env_id's order)."""
+        ids = np.arange(self.num_envs, dtype=np.int32) if env_id is None else np.asarray(env_id, dtype=np.int32)
+        o, reward, term, trunc, info = self.pool.step(action, ids)
+        o = self.obs(o)
+        done = term | trunc
+        if done.any():  # the final observation goes to info, the next episode's first one to the caller
+            info["final_obs"] = o.copy()
+            o[done] = self.obs(self.pool.reset(ids[done])[0])
+        return o, reward, term, trunc, info
+
+    def close(self):
+        self.pool.close()
+
+
 def make_vec(args, n):
+    if args.env_backend == "envpool":
+        return EnvpoolVec(args.env_id, PRESETS.get(args.env_id, {}).get("envpool", {}), n, args.threads)
     env_fns = [make_env(args.env_id, args.env_kwargs) for _ in range(n)]
     vec = gym.vector.AsyncVectorEnv if args.async_envs else gym.vector.SyncVectorEnv
     # SAME_STEP: a finished episode's last observation comes in info["final_obs"] (needed to bootstrap
@@ -397,20 +463,29 @@ def env_action(agent, action, act_space):
 
 def evaluate(agent, envs, n_episodes, seed):
     """Test return (App. B.2): mean and std of the undiscounted return of the stochastic policy over
-    n_episodes, split evenly across the envs so that short episodes are not over-counted."""
+    n_episodes, split evenly across the envs so that short episodes are not over-counted. envpool steps
+    only the environments that still owe an episode; gymnasium steps them all."""
     n = envs.num_envs
     quota = np.array([n_episodes // n + (i < n_episodes % n) for i in range(n)])
     done_count, ep_ret, returns = np.zeros(n, dtype=int), np.zeros(n), []
     obs, _ = envs.reset(seed=seed)
-    while (done_count < quota).any():
-        action = agent.act(torch.as_tensor(obs, dtype=torch.float32))
-        obs, reward, term, trunc, _ = envs.step(env_action(agent, action, envs.single_action_space))
-        ep_ret += reward
-        for i in np.flatnonzero(term | trunc):
+    live = np.arange(n)
+    while len(live):
+        action = env_action(agent, agent.act(torch.as_tensor(obs[live], dtype=torch.float32)), envs.single_action_space)
+        if isinstance(envs, EnvpoolVec):
+            obs[live], reward, term, trunc, _ = envs.step(action, live)
+        else:
+            obs, reward, term, trunc, _ = envs.step(action)
+        ep_ret[live] += reward
+        for i in live[term | trunc]:
             if done_count[i] < quota[i]:
                 returns.append(ep_ret[i])
                 done_count[i] += 1
             ep_ret[i] = 0.0
+        if isinstance(envs, EnvpoolVec):
+            live = np.flatnonzero(done_count < quota)
+        elif (done_count >= quota).all():
+            live = live[:0]
     return float(np.mean(returns)), float(np.std(returns))
 
 
@@ -431,7 +506,7 @@ def resolve_args(args):
     args.env_kwargs = preset.get("env_kwargs", {})
     if not 0 < args.filter_p <= 1:
         fail(f"--filter-p must be in (0, 1], got {args.filter_p}")
-    for key in ("num_envs", "num_steps", "minibatch_size", "update_epochs", "eval_episodes", "eval_envs", "threads"):
+    for key in ("num_envs", "num_steps", "minibatch_size", "update_epochs", "eval_episodes", "eval_every", "threads"):
         if getattr(args, key) < 1:
             fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
     if not args.learning_rate > 0:
@@ -446,13 +521,34 @@ def resolve_args(args):
     args.num_rounds = args.total_timesteps // args.batch_size
     if args.influence_mode == "tracin" and not args.save_rounds:
         fail("--influence-mode tracin writes its scores into the round files: add --save-rounds")
+    has_envpool = importlib.util.find_spec("envpool") is not None
+    ported = "envpool" in PRESETS.get(args.env_id, {})
+    if args.env_backend == "auto":
+        args.env_backend = "envpool" if ported and has_envpool else "gymnasium"
+    elif args.env_backend == "envpool":
+        if not has_envpool:
+            fail("--env-backend envpool needs the envpool package (pip install envpool), or use gymnasium")
+        import envpool
+        if args.env_id in PRESETS and not ported or args.env_id not in envpool.list_all_envs():
+            fail(f"--env-backend envpool: {args.env_id} has no envpool port with this preset's settings "
+                 f"(presets with one: {', '.join(k for k, v in PRESETS.items() if 'envpool' in v)}); "
+                 "use --env-backend gymnasium")
+    if args.eval_envs is None:
+        args.eval_envs = args.eval_episodes if args.env_backend == "envpool" else 16
+    if args.eval_envs < 1:
+        fail(f"--eval-envs must be at least 1, got {args.eval_envs}")
     try:
-        env = make_env(args.env_id, args.env_kwargs)()
+        if args.env_backend == "envpool":
+            env = make_vec(args, 1)
+            obs_space, act_space = env.single_observation_space, env.single_action_space
+            raw_obs_space = obs_space
+        else:
+            env = make_env(args.env_id, args.env_kwargs)()
+            obs_space, act_space = env.observation_space, env.action_space
+            raw_obs_space = env.unwrapped.observation_space
     except (GymError, ImportError) as e:
         fail(f"--env-id {args.env_id!r} cannot be made ({type(e).__name__}: {e}). "
              f"Paper presets: {', '.join(PRESETS)}")
-    obs_space, act_space = env.observation_space, env.action_space
-    raw_obs_space = env.unwrapped.observation_space
     env.close()
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         fail(f"--env-id {args.env_id}: observation space {obs_space} is not supported "
@@ -480,6 +576,8 @@ def resolve_args(args):
         args.target_act = torch.tensor(a).reshape(1, n_act) if n_act > 1 or isinstance(act_space, gym.spaces.Box) \
             else torch.tensor([int(a[0])])
     if args.run_name is None:
+        if args.resume:
+            fail("--resume needs the --run-name of the run to continue")
         args.run_name = f"{args.env_id}__{args.filter_method}__{args.seed}__{int(time.time())}"
     return args
 
@@ -488,14 +586,35 @@ METRICS = ["round", "global_step", "train_return", "test_return_mean", "test_ret
            "n_dropped", "n_negative", "n_updates", "t_rollout", "t_influence", "t_optim", "t_eval"]
 
 
+def save_checkpoint(path, state):
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)  # atomic: a run killed while saving keeps the previous checkpoint
+
+
+def load_checkpoint(run_dir, args):
+    """The state after the last finished round of run_dir, or None to start at round 0."""
+    path = os.path.join(run_dir, "checkpoint.pt")
+    if not (args.resume and os.path.exists(path)):
+        if os.path.exists(os.path.join(run_dir, "metrics.csv")) and not args.resume:
+            fail(f"{run_dir}/metrics.csv exists: add --resume to continue it, or choose another --run-name")
+        return None
+    with open(os.path.join(run_dir, "config.json")) as f:
+        saved = json.load(f)
+    now = {f.name: getattr(args, f.name) for f in dataclasses.fields(Args)}
+    changed = [f"--{k.replace('_', '-')} {saved.get(k)} (now {v})" for k, v in now.items()
+               if k not in ("resume", "threads", "runs_dir") and saved.get(k) != v]
+    if changed:
+        fail(f"--resume: {run_dir} was run with other flags: {'; '.join(changed)}")
+    return torch.load(path, weights_only=False)
+
+
 def main(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # minibatch shuffling
     gen = torch.Generator().manual_seed(args.seed)  # random filtering
     run_dir = os.path.join(args.runs_dir, args.run_name)
-    if os.path.exists(os.path.join(run_dir, "metrics.csv")):
-        fail(f"{run_dir}/metrics.csv exists: choose another --run-name or remove it")
+    ckpt = load_checkpoint(run_dir, args)
     os.makedirs(os.path.join(run_dir, "rounds") if args.save_rounds else run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump({k: v for k, v in vars(args).items() if not torch.is_tensor(v)}, f, indent=1)
@@ -505,14 +624,28 @@ def main(args):
     agent = Agent(envs.single_observation_space, act_space)
     optimizer = make_optimizer(agent, args)
     T, N = args.num_steps, args.num_envs
+    start, rows = 0, []
+    if ckpt is not None:  # continue after the checkpoint's round; the envs start fresh episodes
+        agent.load_state_dict(ckpt["agent"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        rng.bit_generator.state = ckpt["numpy_rng"]
+        gen.set_state(ckpt["filter_rng"])
+        start = ckpt["round"] + 1
+        with open(os.path.join(run_dir, "metrics.csv")) as f:  # rows written after the checkpoint are redone
+            rows = [r for r in csv.DictReader(f) if int(r["round"]) < start]
     metrics_file = open(os.path.join(run_dir, "metrics.csv"), "w", newline="")
     writer = csv.DictWriter(metrics_file, fieldnames=METRICS)
     writer.writeheader()
-    next_obs, _ = envs.reset(seed=args.seed)
+    writer.writerows(rows)
+    metrics_file.flush()
+    next_obs, _ = envs.reset(seed=args.seed if start == 0 else args.seed + 100_000 * start)
     ep_ret = np.zeros(N)
-    print(f"{args.env_id}: {args.num_rounds} rounds of {args.batch_size} records, filter {args.filter_method} "
-          f"p={args.filter_p}, {args.optimizer} lr={args.learning_rate} -> {run_dir}")
-    for k in range(args.num_rounds):
+    print(f"{args.env_id} on {args.env_backend}: {args.num_rounds} rounds of {args.batch_size} records, filter "
+          f"{args.filter_method} p={args.filter_p}, {args.optimizer} lr={args.learning_rate}, "
+          f"{args.eval_episodes} test episodes every {args.eval_every} round(s) -> {run_dir}"
+          + (f" (resumed at round {start})" if start else ""))
+    for k in range(start, args.num_rounds):
         # Stage I (Alg. 1): collect the rollout buffer B(k) with the policy at theta(k)
         t0 = time.perf_counter()
         obs = np.zeros((T, N) + envs.single_observation_space.shape, dtype=np.float32)  # numpy: cheap per-step writes
@@ -585,7 +718,9 @@ def main(args):
         t_influence += t_tracin
 
         t0 = time.perf_counter()
-        test_mean, test_std = evaluate(agent, eval_envs, args.eval_episodes, args.seed + 10_000)
+        test_mean = test_std = None  # an empty cell: not tested
+        if (k + 1) % args.eval_every == 0:
+            test_mean, test_std = evaluate(agent, eval_envs, args.eval_episodes, args.seed + 10_000)
         t_eval = time.perf_counter() - t0
 
         row = dict(round=k, global_step=(k + 1) * args.batch_size,
@@ -599,8 +734,11 @@ def main(args):
             torch.save(dict(b, round=k, global_step=row["global_step"], state_dict=theta_k, influence=scores,
                             kept=kept, influence_tracin=tracin, target=args.target),
                        os.path.join(run_dir, "rounds", f"round_{k:04d}.pt"))
+        save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), dict(
+            round=k, agent=agent.state_dict(), optimizer=optimizer.state_dict(), torch_rng=torch.get_rng_state(),
+            numpy_rng=rng.bit_generator.state, filter_rng=gen.get_state()))
         print(f"round {k} [{k + 1}/{args.num_rounds}] step {row['global_step']} | train {row['train_return']:.3f} "
-              f"test {test_mean:.3f} +- {test_std:.3f} | kept {row['n_kept']}/{args.batch_size} (neg {n_negative}) "
+              f"test {'-' if test_mean is None else f'{test_mean:.3f} +- {test_std:.3f}'} | kept {row['n_kept']}/{args.batch_size} (neg {n_negative}) "
               f"| s: rollout {t_rollout:.2f} influence {t_influence:.2f} optim {t_optim:.2f} eval {t_eval:.2f}",
               flush=True)
     torch.save(agent.state_dict(), os.path.join(run_dir, "agent.pt"))
@@ -615,4 +753,5 @@ if __name__ == "__main__":
     try:
         main(args)
     except KeyboardInterrupt:
-        sys.exit(f"\ninterrupted: every finished round is in {os.path.join(args.runs_dir, args.run_name)}/metrics.csv")
+        sys.exit(f"\ninterrupted: every finished round is in {os.path.join(args.runs_dir, args.run_name)}/metrics.csv; "
+                 "the same command with --resume continues the run")

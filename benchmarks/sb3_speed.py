@@ -29,7 +29,7 @@ ENVS = ["Acrobot-v1", "LunarLander-v3", "BipedalWalker-v3"]
 def ours(env_id, rounds, runs_dir, tag):
     args = iif.resolve_args(tyro.cli(iif.Args, args=[
         "--env-id", env_id, "--filter-method", "none", "--total-timesteps", str(2048 * rounds),
-        "--eval-episodes", "1", "--runs-dir", runs_dir, "--run-name", tag]))
+        "--eval-episodes", "1", "--env-backend", "gymnasium", "--runs-dir", runs_dir, "--run-name", tag]))
     iif.main(args)
     with open(os.path.join(runs_dir, tag, "metrics.csv")) as f:
         rows = list(csv.DictReader(f))

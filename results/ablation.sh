@@ -24,7 +24,7 @@ run() {  # variant env method seed
   local episodes=100 save=""
   [ "$2" = FrozenLake-v1 ] && episodes=1000
   [ "$1" = released-code ] && [ "$3" = none ] && save="--save-rounds"
-  RUNS=$A/$1 bash results/reproduce.sh "$2" "$3" "$4" --eval-episodes $episodes $(flags "$1") $save \
+  RUNS=$A/$1 bash results/reproduce.sh "$2" "$3" "$4" --eval-episodes $episodes $(flags "$1") $save --env-backend gymnasium \
     > "$A/$1.$2.$3.$4.log" 2>&1 && rm "$A/$1.$2.$3.$4.log"
 }
 export -f flags run

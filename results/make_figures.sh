@@ -40,6 +40,29 @@ if complete MiniGrid-Empty-8x8-v0 40; then
     python analysis.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --label $label --at 0.5
   done > $F/efficiency_baselines_minigrid.md
 fi
+if complete highway-v0 100; then  # on envpool
+  python analysis.py curves --runs results/runs --env highway-v0 --labels influence none random --out $F/curves_highway.png > $F/curves_highway.txt
+  python analysis.py efficiency --runs results/runs --env highway-v0 --at 20 25 28 > $F/efficiency_highway.md
+fi
+if complete LunarLander-v3 150; then  # on envpool
+  python analysis.py curves --runs results/runs --env LunarLander-v3 --labels influence none random td-weight --out $F/curves_lunarlander.png > $F/curves_lunarlander.txt
+  python analysis.py efficiency --runs results/runs --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander.md
+  if [ -f results/runs/LunarLander-v3__td-weight__3/metrics.csv ]; then
+    python analysis.py efficiency --runs results/runs --env LunarLander-v3 --label td-weight --at 0 100 200 > $F/efficiency_td_lunarlander.md
+  fi
+fi
+if complete BipedalWalker-v3 500; then  # on envpool, tested every 10th round
+  python analysis.py curves --runs results/runs --env BipedalWalker-v3 --labels influence none random --out $F/curves_bipedalwalker.png > $F/curves_bipedalwalker.txt
+  python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --at 0 100 200 > $F/efficiency_bipedalwalker.md
+fi
+envs=""  # Fig. 6(b): every environment whose 9 runs are complete
+for e in FrozenLake-v1=50 Acrobot-v1=50 MiniGrid-Empty-8x8-v0=40 highway-v0=100 LunarLander-v3=150 BipedalWalker-v3=500; do
+  if complete ${e%=*} ${e#*=}; then envs="$envs ${e%=*}"; fi
+done
+python analysis.py efficiency --runs results/runs --env $envs > $F/efficiency_all.md
+if [ -f results/backends/highway-v0__influence-gymnasium__1/metrics.csv ]; then  # bash results/backends.sh
+  python analysis.py curves --runs results/backends --env Acrobot-v1 highway-v0 --out $F/backends.png > $F/backends.txt
+fi
 if [ -f results/runs/rlhf-toy__influence__3/metrics.csv ]; then  # bash results/rlhf_toy.sh
   python analysis.py rlhf --runs results/runs --env rlhf-toy --out $F/rlhf_toy.png > $F/rlhf_toy.md
 fi

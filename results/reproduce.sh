@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs iif.py for every (env, method, seed) given, into $RUNS/<env>__<method>__<seed>/ (RUNS defaults
 # to results/runs). Resumable: a run whose metrics.csv holds every round is skipped, an unfinished one
-# is redone.
+# continues from its last checkpoint (iif.py --resume).
 #   bash results/reproduce.sh "FrozenLake-v1" "influence none random" "1 2 3" [extra iif.py flags]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +11,6 @@ for env in $envs; do for seed in $seeds; do for method in $methods; do
   name="${env}__${method}__${seed}"; dir="$runs/$name"
   rounds=$(python -c "import iif, tyro, sys; print(iif.resolve_args(tyro.cli(iif.Args, args=['--env-id', '$env', *sys.argv[1:]])).num_rounds)" "$@")
   if [ -f "$dir/metrics.csv" ] && [ "$(($(wc -l < "$dir/metrics.csv") - 1))" -ge "$rounds" ]; then continue; fi
-  rm -rf "$dir"
-  python iif.py --env-id "$env" --filter-method "$method" --seed "$seed" --runs-dir "$runs" --run-name "$name" "$@"
+  python iif.py --env-id "$env" --filter-method "$method" --seed "$seed" --runs-dir "$runs" --run-name "$name" \
+    --resume "$@"
 done; done; done

@@ -73,9 +73,11 @@ def test_saved_rounds_hold_theta_k_and_the_scored_buffer(tmp_path):
     assert any(not torch.equal(r0["state_dict"][k], r1["state_dict"][k]) for k in r0["state_dict"])
 
 
-def test_same_seed_same_metrics(tmp_path):
-    def metrics(sub, seed):
-        run(tmp_path / sub, "--env-id", "Acrobot-v1", "--seed", str(seed), "--filter-method", "random", *SHORT)
+@pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
+def test_same_seed_same_metrics(tmp_path, backend):
+    def metrics(sub, seed):  # four rounds: two seeds' integer columns can coincide over two
+        run(tmp_path / sub, "--env-id", "Acrobot-v1", "--seed", str(seed), "--filter-method", "random", *SHORT,
+            "--total-timesteps", "128", "--env-backend", backend)
         return [{k: v for k, v in r.items() if not k.startswith("t_")} for r in read_metrics(tmp_path / sub)]
 
     first = metrics("a", 3)

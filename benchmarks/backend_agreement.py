@@ -1,0 +1,62 @@
+"""Do gymnasium and envpool give the same test return? The final policy of a committed run (from its
+checkpoint.pt, or agent.pt for older runs), tested on both backends with the same protocol (stochastic policy, undiscounted
+return, the same number of episodes), mean ± standard error.
+
+    python benchmarks/backend_agreement.py [--runs results/runs] [--seed 50000]
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import iif  # noqa: E402
+
+# (env, run whose final policy is tested, test episodes); each was trained on the backend its config.json names
+CASES = [("Acrobot-v1", "Acrobot-v1__none__1", 1000), ("MiniGrid-Empty-8x8-v0", "MiniGrid-Empty-8x8-v0__none__1", 1000),
+         ("LunarLander-v3", "LunarLander-v3__none__1", 1000), ("BipedalWalker-v3", "BipedalWalker-v3__none__1", 200),
+         ("highway-v0", "highway-v0__none__1", 200)]
+
+
+def test_return(env_id, backend, agent, episodes, seed):
+    args = argparse.Namespace(env_id=env_id, env_kwargs=iif.PRESETS[env_id].get("env_kwargs", {}),
+                              env_backend=backend, async_envs=False, threads=1)
+    envs = iif.make_vec(args, episodes if backend == "envpool" else 16)
+    mean, std = iif.evaluate(agent, envs, episodes, seed)
+    envs.close()
+    return mean, std / np.sqrt(episodes)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", default="results/runs")
+    parser.add_argument("--seed", type=int, default=50_000, help="first seed of the test episodes")
+    parser.add_argument("--env", nargs="*", help="only these envs")
+    cli = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.distributions.Distribution.set_default_validate_args(False)
+    print("| env | policy (trained on) | episodes | gymnasium | envpool | difference / SE |")
+    print("|---|---|---|---|---|---|")
+    for env_id, run, episodes in CASES:
+        if cli.env and env_id not in cli.env:
+            continue
+        with open(os.path.join(cli.runs, run, "config.json")) as f:
+            config = json.load(f)
+        envs = iif.make_vec(argparse.Namespace(env_id=env_id, env_kwargs=config["env_kwargs"], env_backend="envpool",
+                                               async_envs=False, threads=1), 1)
+        agent = iif.Agent(envs.single_observation_space, envs.single_action_space)
+        path = os.path.join(cli.runs, run, "checkpoint.pt")  # its agent is the final one
+        if os.path.exists(path):
+            agent.load_state_dict(torch.load(path)["agent"])
+        else:  # runs made before checkpoints existed: agent.pt, made again by their reproduce command
+            agent.load_state_dict(torch.load(os.path.join(cli.runs, run, "agent.pt")))
+        torch.manual_seed(cli.seed)
+        g = test_return(env_id, "gymnasium", agent, episodes, cli.seed)
+        torch.manual_seed(cli.seed)
+        e = test_return(env_id, "envpool", agent, episodes, cli.seed)
+        z = (e[0] - g[0]) / np.hypot(g[1], e[1])
+        print(f"| {env_id} | {run} ({config.get('env_backend', 'gymnasium')}) | {episodes} | {g[0]:.3f} ± {g[1]:.3f} | "
+              f"{e[0]:.3f} ± {e[1]:.3f} | {z:+.1f} |", flush=True)
