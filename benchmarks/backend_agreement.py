@@ -2,6 +2,8 @@
 checkpoint.pt, or agent.pt for older runs), tested on both backends with the same protocol (stochastic policy, undiscounted
 return, the same number of episodes), mean ± standard error.
 
+Then standard PPO and IIF trained on each backend (the runs of results/backends.sh).
+
     python benchmarks/backend_agreement.py [--runs results/runs] [--seed 50000]
 """
 import argparse
@@ -30,11 +32,44 @@ def test_return(env_id, backend, agent, episodes, seed):
     return mean, std / np.sqrt(episodes)
 
 
+def training_table(runs_dir):
+    """PPO trained on each backend (results/backends.sh): per env, on the rounds every run has and tests,
+    the test return after the last of them (mean ± std over seeds), its mean over them, and the first
+    of them at which each seed reaches a level."""
+    import csv
+    import glob
+    from collections import defaultdict
+    levels = {"Acrobot-v1": -150, "highway-v0": 25}
+    curves = defaultdict(list)  # (env, label) -> one curve per seed
+    for path in sorted(glob.glob(os.path.join(runs_dir, "*__*-*__*", "metrics.csv"))):
+        env_id, label, _ = os.path.basename(os.path.dirname(path)).rsplit("__", 2)
+        with open(path) as f:
+            curves[env_id, label].append([float(r["test_return_mean"] or "nan") for r in csv.DictReader(f)])
+    print("\n| env | method | trained on | seeds | tested rounds | final test return | mean over tested rounds "
+          "| rounds to reach |")
+    print("|---|---|---|---|---|---|---|---|")
+    for env_id in sorted({e for e, _ in curves}):
+        n = min(len(c) for (e, _), cs in curves.items() if e == env_id for c in cs)
+        rounds = np.arange(1, n + 1)
+        tested = np.all([~np.isnan(c[:n]) for (e, _), cs in curves.items() if e == env_id for c in cs], axis=0)
+        if not tested.any():
+            continue
+        for (e, label), cs in sorted(curves.items()):
+            if e != env_id:
+                continue
+            c = np.array([x[:n] for x in cs])[:, tested]
+            first = [next((str(k) for k, v in zip(rounds[tested], x) if v >= levels[env_id]), "-") for x in c]
+            method, backend = label.split("-")
+            print(f"| {env_id} | {method} | {backend} | {len(c)} | {tested.sum()} of {n} | {c[:, -1].mean():.1f} ± "
+                  f"{c[:, -1].std():.1f} | {c.mean():.1f} | {levels[env_id]}: {', '.join(first)} |")
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", default="results/runs")
     parser.add_argument("--seed", type=int, default=50_000, help="first seed of the test episodes")
     parser.add_argument("--env", nargs="*", help="only these envs")
+    parser.add_argument("--backends", default="results/backends", help="the runs of results/backends.sh")
     cli = parser.parse_args()
     torch.set_num_threads(1)
     torch.distributions.Distribution.set_default_validate_args(False)
@@ -60,3 +95,4 @@ if __name__ == "__main__":
         z = (e[0] - g[0]) / np.hypot(g[1], e[1])
         print(f"| {env_id} | {run} ({config.get('env_backend', 'gymnasium')}) | {episodes} | {g[0]:.3f} ± {g[1]:.3f} | "
               f"{e[0]:.3f} ± {e[1]:.3f} | {z:+.1f} |", flush=True)
+    training_table(cli.backends)

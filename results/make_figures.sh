@@ -44,7 +44,7 @@ if complete highway-v0 100; then  # on envpool
   python analysis.py curves --runs results/runs --env highway-v0 --labels influence none random --out $F/curves_highway.png > $F/curves_highway.txt
   python analysis.py efficiency --runs results/runs --env highway-v0 --at 20 25 28 > $F/efficiency_highway.md
 fi
-if complete LunarLander-v3 150; then  # on envpool
+if complete LunarLander-v3 150; then  # on envpool, tested every 5th round
   python analysis.py curves --runs results/runs --env LunarLander-v3 --labels influence none random td-weight --out $F/curves_lunarlander.png > $F/curves_lunarlander.txt
   python analysis.py efficiency --runs results/runs --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander.md
   if [ -f results/runs/LunarLander-v3__td-weight__3/metrics.csv ]; then
