@@ -6,12 +6,14 @@ Each subcommand writes a PNG and prints the numbers behind it:
     python analysis.py efficiency --runs results/runs --env FrozenLake-v1 Acrobot-v1
     python analysis.py bottom-records --run results/runs/FrozenLake-v1__saved__1 --rounds 2 5 10
     python analysis.py advantage-diagnosis --run results/runs/FrozenLake-v1__saved__1 --round 5
+    python analysis.py counterfactual --run results/diagnostics/FrozenLake-v1__tracin__1 --rounds 0 4 8 12 16
     python analysis.py rlhf --runs results/runs --env rlhf-toy
 
 Runs follow results/reproduce.sh's naming, <runs>/<env>__<label>__<seed>/metrics.csv, where the
 label is iif.py's (or rlhf_iif.py's) --filter-method (influence, none, random) or any other tag.
 """
 import argparse
+import copy
 import csv
 import glob
 import json
@@ -264,6 +266,7 @@ def load_config(run_dir):
     config.setdefault("adv_norm", "buffer" if config.pop("norm_adv", True) else "none")
     config.setdefault("influence_loss", "full")
     config.setdefault("env_backend", "gymnasium")
+    config.setdefault("target_adv", "normalized" if config["adv_norm"] == "buffer" else "raw")
     return config
 
 
@@ -488,14 +491,22 @@ def cmd_behavior_formation(args):
 
 # ---- Sec. 4.3, Fig. 5, 10: single-round intervention ----
 
-def retrain_and_test(config, b, kept, seed, eval_envs, episodes):
-    """Retrain from theta(k) on the kept records of B(k) (a fresh optimizer, as SGD has no state) and test."""
+def retrain(config, b, kept, seed, rng=None, start=None):
+    """theta(k) retrained on the kept records of B(k) by iif.py's Stage III, with a fresh optimizer (exact for
+    SGD, which has no state); minibatches shuffled by rng, by default np.random.default_rng(seed).
+    start: an agent at theta(k) to copy (default: one built from B(k)'s state_dict)."""
     cfg = argparse.Namespace(**config)
-    agent = agent_for(config, b["state_dict"])
+    agent = agent_for(config, b["state_dict"]) if start is None else copy.deepcopy(start)
     optimizer = iif.make_optimizer(agent, cfg)
     torch.manual_seed(seed)
-    iif.ppo_update(agent, optimizer, b, torch.nonzero(kept).flatten(), cfg, np.random.default_rng(seed))
-    return iif.evaluate(agent, eval_envs, episodes, seed + 10_000)[0]
+    iif.ppo_update(agent, optimizer, b, torch.nonzero(kept).flatten(), cfg,
+                   np.random.default_rng(seed) if rng is None else rng)
+    return agent
+
+
+def retrain_and_test(config, b, kept, seed, eval_envs, episodes):
+    """Retrain from theta(k) on the kept records of B(k) and test."""
+    return iif.evaluate(retrain(config, b, kept, seed), eval_envs, episodes, seed + 10_000)[0]
 
 
 def cmd_intervention(args):
@@ -534,6 +545,154 @@ def cmd_intervention(args):
     ax.set_xticks(np.arange(len(rounds)), [str(k) for k in rounds])
     ax.set(xlabel="round", ylabel="delta test return", title=f"{config['env_id']}: single-round intervention")
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=130)
+    print(f"wrote {args.out}")
+
+
+# ---- Counterfactual check: the linear datamodeling score (LDS; Park et al., TRAK, 2023) ----
+
+def f_return(agent, b, config):
+    """f_return(theta) on B(k), weighted by the A_hat the run's scores used (--target-adv; --adv-norm buffer
+    saves the normalised A_hat, so the raw one is returns - values)."""
+    raw = b["returns"] - b["values"] if config["adv_norm"] == "buffer" else b["advantages"]
+    weights = raw if config["target_adv"] == "raw" else iif.normalize(raw)
+    with torch.no_grad():
+        return iif.target_fn(agent, dict(agent.named_parameters()), b["obs"], b["actions"], weights).item()
+
+
+def update_scale(config):
+    """First-order change of f per unit of summed influence over one round, or None for Adam. SGD: each of the
+    E epochs visits a record once, in a step of lr / minibatch_size x its loss gradient, so
+    delta f ~ lr x E / minibatch_size x sum_i I_i. Adam rescales every step by its moment estimates: not linear."""
+    if config["optimizer"] != "sgd":
+        return None
+    return config["learning_rate"] * config["update_epochs"] / config["minibatch_size"]
+
+
+def subset_masks(n, m, fraction, k):
+    """m random subsets of round k's n records, each of round(fraction x n); subset j is drawn from seed (k, j)."""
+    masks = torch.zeros(m, n, dtype=torch.bool)
+    for j in range(m):
+        masks[j, torch.as_tensor(np.random.default_rng([k, j]).choice(n, round(fraction * n), replace=False))] = True
+    return masks
+
+
+def round_scorers(b, k):
+    """The scores each scorer gives B(k)'s records: snapshot (at theta(k)), tracin (summed over the round's
+    steps, from --influence-mode tracin runs) and random (a floor)."""
+    scorers = {"snapshot": b["influence"].double()}
+    if b.get("influence_tracin") is not None:
+        scorers["tracin"] = b["influence_tracin"].double()
+    scorers["random"] = torch.from_numpy(np.random.default_rng([k, 1_000_003]).standard_normal(len(b["influence"])))
+    return scorers
+
+
+def counterfactual_round(config, b, k, m, fraction, eval_envs=None, episodes=0):
+    """Retrain round k from theta(k) on m random subsets of B(k), with the same minibatch seed k for every
+    subset, and on the full buffer. Returns f_return at theta(k), after the full-buffer round and after each
+    subset's round, the subsets' test returns (with episodes), the masks, the scores and each scorer's
+    predictions (summed scores over the subset) and LDS (their Spearman correlation with the outcomes)."""
+    scorers = round_scorers(b, k)
+    n = len(b["influence"])
+    masks = subset_masks(n, m, fraction, k)
+    start = agent_for(config, b["state_dict"])
+    out = dict(f0=f_return(start, b, config), masks=masks, scores=scorers, f=[], test=[],
+               f_full=f_return(retrain(config, b, torch.ones(n, dtype=torch.bool), k, start=start), b, config))
+    for mask in masks:
+        agent = retrain(config, b, mask, k, start=start)
+        out["f"].append(f_return(agent, b, config))
+        if episodes:
+            out["test"].append(iif.evaluate(agent, eval_envs, episodes, k + 10_000)[0])
+    out["f"] = np.array(out["f"])
+    out["pred"] = {name: (masks.double() @ s).numpy() for name, s in scorers.items()}
+    out["lds"] = {name: spearman(p, out["f"]) for name, p in out["pred"].items()}
+    out["lds_test"] = {name: spearman(p, np.array(out["test"])) for name, p in out["pred"].items()} if episodes else {}
+    return out
+
+
+def group_check(config, b, k, f_full):
+    """The bottom-p set IIF drops from B(k) (the run's --filter-p and --filter-ties): the summed snapshot
+    scores of the dropped records and the actual change of f_return when the round is retrained without them."""
+    scores = b["influence"]
+    kept, _ = iif.filter_records(scores, "influence", config["filter_p"], None, ties=config["filter_ties"])
+    dropped = float(scores[~kept].double().sum())
+    return dict(n_dropped=int((~kept).sum()), dropped_sum=dropped,
+                actual=f_return(retrain(config, b, kept, k), b, config) - f_full)
+
+
+def cmd_counterfactual(args):
+    config = load_config(args.run)
+    if config["target"] != "f_return":
+        raise SystemExit("analysis.py: error: counterfactual measures f_return: the run's scores are on "
+                         f"{config['target']}")
+    eval_envs = iif.make_vec(argparse.Namespace(**{**config, "async_envs": False}), min(16, args.episodes)) \
+        if args.episodes else None
+    scale = update_scale(config)
+    results, groups = {}, {}
+    for k in args.rounds:
+        b = load_round(args.run, k)
+        results[k] = counterfactual_round(config, b, k, args.subsets, args.fraction, eval_envs, args.episodes)
+        groups[k] = group_check(config, b, k, results[k]["f_full"])
+        groups[k]["full_sum"] = float(b["influence"].double().sum())
+    if eval_envs is not None:
+        eval_envs.close()
+    scorers = list(results[args.rounds[0]]["lds"])
+    print(f"{config['env_id']}: {args.subsets} subsets of {args.fraction:.0%} of B(k) per round; outcome f_return on "
+          f"B(k) after retraining round k ({config['optimizer']}, lr {config['learning_rate']}, "
+          f"{config['update_epochs']} epochs, minibatch {config['minibatch_size']})")
+    print("\n| scorer | round | LDS |" + (" LDS on test return |" if args.episodes else ""))
+    print("|---|---|---|" + ("---|" if args.episodes else ""))
+    for name in scorers:
+        for k in args.rounds:
+            print(f"| {name} | {k} | {results[k]['lds'][name]:+.3f} |"
+                  + (f" {results[k]['lds_test'][name]:+.3f} |" if args.episodes else ""))
+        print(f"| {name} | mean | {np.mean([results[k]['lds'][name] for k in args.rounds]):+.3f} |"
+              + (f" {np.mean([results[k]['lds_test'][name] for k in args.rounds]):+.3f} |" if args.episodes else ""))
+    unit = "scaled by lr x epochs / minibatch" if scale else "summed scores (Adam: not first-order linear)"
+    print(f"\nGroup check: the records IIF drops (p = {config['filter_p']}); predicted change of f = -(their summed "
+          f"snapshot scores), {unit}; actual = f after the round without them - f after the full round. "
+          "Full round: the same for all records against f(theta(k)).")
+    print("| round | dropped | predicted delta f | actual delta f | full round: predicted | full round: actual |")
+    print("|---|---|---|---|---|---|")
+    s = scale or 1.0
+    for k in args.rounds:
+        g, r = groups[k], results[k]
+        print(f"| {k} | {g['n_dropped']} | {-s * g['dropped_sum']:+.3e} | {g['actual']:+.3e} | "
+              f"{s * g['full_sum']:+.3e} | {r['f_full'] - r['f0']:+.3e} |")
+    pred = np.array([-s * groups[k]["dropped_sum"] for k in args.rounds])
+    actual = np.array([groups[k]["actual"] for k in args.rounds])
+    if len(args.rounds) > 2:
+        print(f"over rounds: Pearson {np.corrcoef(pred, actual)[0, 1]:+.3f}, Spearman {spearman(pred, actual):+.3f}"
+              + (f", actual / predicted {np.median(actual / pred):.2f} (median)" if scale else ""))
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    colors = {"snapshot": "tab:red", "tracin": "tab:purple", "random": "tab:gray"}
+    for name in scorers:
+        axes[0].plot(args.rounds, [results[k]["lds"][name] for k in args.rounds], "o-", color=colors[name],
+                     label=name)
+    axes[0].axhline(0, color="black", linewidth=0.6)
+    axes[0].set_xticks(args.rounds)
+    axes[0].set(xlabel="round k", ylabel="LDS (Spearman)", ylim=(-1.05, 1.05),
+                title=f"LDS over {args.subsets} subsets of {args.fraction:.0%}")
+    axes[0].legend(fontsize=8)
+    cmap = plt.get_cmap("viridis")
+    for i, k in enumerate(args.rounds):  # each subset: predicted against actual change from the full-buffer round
+        r = results[k]
+        x = s * (r["pred"]["snapshot"] - float(r["scores"]["snapshot"].sum()))
+        axes[1].scatter(x, r["f"] - r["f_full"], s=8, color=cmap(i / max(1, len(args.rounds) - 1)), label=f"k={k}")
+    axes[1].set(xlabel="predicted delta f (snapshot)", ylabel="actual delta f",
+                title="subsets against the full round")
+    axes[1].legend(fontsize=7, markerscale=2)
+    axes[2].scatter(pred, actual, color="tab:red")
+    for k, x, y in zip(args.rounds, pred, actual):
+        axes[2].annotate(str(k), (x, y), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    for ax in axes[1:] if scale else []:
+        lo, hi = ax.get_xlim()
+        ax.plot([lo, hi], [lo, hi], color="black", linestyle="--", linewidth=0.8, label="y = x")
+    axes[2].set(xlabel="predicted delta f" + ("" if scale else " (summed scores)"), ylabel="actual delta f",
+                title="dropping IIF's bottom records")
+    fig.suptitle(f"{config['env_id']}: counterfactual check of the snapshot influence", fontsize=10)
     fig.tight_layout()
     fig.savefig(args.out, dpi=130)
     print(f"wrote {args.out}")
@@ -588,6 +747,14 @@ def main():
     p.add_argument("--episodes", type=int, default=100, help="test episodes per retrained policy")
     p.add_argument("--out", default="intervention.png", help="PNG to write")
     p.set_defaults(fn=cmd_intervention)
+    p = sub.add_parser("counterfactual", help="LDS: summed influence against retraining on random subsets")
+    p.add_argument("--run", required=True, help="an iif.py run made with --save-rounds (target f_return)")
+    p.add_argument("--rounds", type=int, nargs="+", required=True, help="rounds k to retrain")
+    p.add_argument("--subsets", type=int, default=50, help="random subsets M per round")
+    p.add_argument("--fraction", type=float, default=0.5, help="fraction F of B(k)'s records in each subset")
+    p.add_argument("--episodes", type=int, default=0, help="also test each retrained policy on this many episodes")
+    p.add_argument("--out", default="counterfactual.png", help="PNG to write")
+    p.set_defaults(fn=cmd_counterfactual)
     p = sub.add_parser("rlhf", help="rlhf_iif.py runs: reward, test toxicity, runtime (Fig. 7, Table 4)")
     p.add_argument("--runs", default="results/runs", help="folder of <env>__<label>__<seed> runs")
     p.add_argument("--env", default="rlhf-toy", help="the runs' name prefix")

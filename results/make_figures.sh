@@ -69,6 +69,16 @@ fi
 if [ -f results/runs/grpo-toy__random__3/metrics.csv ]; then  # bash results/grpo_toy.sh
   python analysis.py rlhf --runs results/runs --env grpo-toy --out $F/grpo_toy.png > $F/grpo_toy.md
 fi
+# the counterfactual check (docs/counterfactual.md): needs the round files of these --save-rounds runs
+if [ -d $D/FrozenLake-v1__tracin__1/rounds ]; then
+  python analysis.py counterfactual --run $D/FrozenLake-v1__tracin__1 --rounds 0 4 8 12 16 --subsets 50 --episodes 1000 --out $F/counterfactual_frozenlake.png > $F/counterfactual_frozenlake.md
+fi
+if [ -d results/runs/Acrobot-v1__none__1/rounds ]; then
+  python analysis.py counterfactual --run results/runs/Acrobot-v1__none__1 --rounds 0 5 10 20 40 --subsets 50 --episodes 100 --out $F/counterfactual_acrobot.png > $F/counterfactual_acrobot.md
+fi
+if [ -d results/runs/MiniGrid-Empty-8x8-v0__none__1/rounds ]; then
+  python analysis.py counterfactual --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 0 10 20 25 35 --subsets 50 --out $F/counterfactual_minigrid.png > $F/counterfactual_minigrid.md
+fi
 V="first-release released-code no-clip keep-ties raw-target minibatch-norm policy-loss"  # bash results/ablation.sh
 python analysis.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 \
   --complete FrozenLake-v1=50 Acrobot-v1=50 MiniGrid-Empty-8x8-v0=40 > $F/ablation.md

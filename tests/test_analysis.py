@@ -1,12 +1,17 @@
 """analysis.py: metrics against hand-computed examples, and every subcommand on tiny runs."""
+import argparse
+import dataclasses
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 
+import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 import analysis
 import iif
@@ -163,3 +168,95 @@ def test_ablation_table_from_hand_made_runs(tmp_path):
     assert (f"| E-v0 | a | 1 | {100 * se_ave:.1f} ± 0.0 | {100 * se_peak:.1f} ± 0.0 | {100 * rt_peak:.1f} ± 0.0 "
             "| 0.300 ± 0.000 | 0.900 ± 0.000 | 0.900 ± 0.000 |") in out
     assert "| E-v0 | b |" not in out  # no IIF run: no row
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread, as iif.py (--threads 1) and analysis.py run it"""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_retrain_reproduces_iif_update_exactly(frozenlake_runs, one_thread):
+    # iif.py draws every round's minibatch shuffles from one np.random.default_rng(seed), created before round 0
+    # and consumed by update_epochs permutations of the buffer per round (--filter-method none keeps all records).
+    # Round 0 sees it fresh; round 3 sees it after 3 rounds' permutations, replayed here. SGD has no state, so a
+    # fresh optimizer is exact; torch runs on one thread, as in iif.py, so the sums run in its order.
+    _, saved = frozenlake_runs
+    config = analysis.load_config(saved)
+    rng = np.random.default_rng(config["seed"])
+    for k in range(4):
+        b = analysis.load_round(saved, k)
+        kept = torch.ones(len(b["influence"]), dtype=torch.bool)
+        if k in (0, 3):
+            if k == 0:  # a fresh rng, and theta(k) copied from an agent, as counterfactual_round does
+                start = analysis.agent_for(config, b["state_dict"])
+                agent = analysis.retrain(config, b, kept, config["seed"], start=start)
+            else:
+                agent = analysis.retrain(config, b, kept, config["seed"], rng)
+            expected = analysis.load_round(saved, k + 1)["state_dict"]
+            for name, value in agent.state_dict().items():
+                assert torch.equal(value, expected[name]), (k, name)
+        if k < 3:  # the permutations iif.py's round k drew
+            for _ in range(config["update_epochs"]):
+                rng.permutation(len(kept))
+    theta_1 = analysis.load_round(saved, 1)["state_dict"]
+    other = analysis.retrain(config, analysis.load_round(saved, 0), kept, config["seed"] + 1)
+    assert not all(torch.equal(v, theta_1[n]) for n, v in other.state_dict().items())  # the seed matters
+
+
+def tiny_round(lr=1e-4, n=256, seed=0):
+    """A made-up buffer B(0) of FrozenLake-shaped records, scored at theta(0), and a config of one epoch of
+    plain SGD (no advantage normalisation) with a small learning rate: the round is close to linear."""
+    config = {f.name: getattr(iif.Args(), f.name) for f in dataclasses.fields(iif.Args)}
+    config.update(env_id="FrozenLake-v1", env_kwargs=iif.PRESETS["FrozenLake-v1"]["env_kwargs"], optimizer="sgd",
+                  learning_rate=lr, update_epochs=1, minibatch_size=8, adv_norm="none", filter_p=0.5)
+    torch.manual_seed(seed)
+    agent = analysis.agent_for(config, iif.Agent(gym.spaces.Box(0, 1, (16,)), gym.spaces.Discrete(4)).state_dict())
+    g = torch.Generator().manual_seed(seed)
+    b = dict(obs=torch.eye(16)[torch.randint(16, (n,), generator=g)], actions=torch.randint(4, (n,), generator=g),
+             advantages=torch.randn(n, generator=g))
+    with torch.no_grad():
+        b["logprobs"], _, b["values"] = agent(b["obs"], b["actions"])
+    b["returns"] = b["advantages"] + b["values"]
+    cfg = argparse.Namespace(**config)
+    b["influence"] = iif.influence(agent, b, torch.arange(n), (b["obs"], b["actions"], b["advantages"]), cfg)
+    b["state_dict"], b["influence_tracin"] = agent.state_dict(), None
+    return config, b
+
+
+def test_lds_near_one_when_the_round_is_nearly_linear(one_thread):
+    config, b = tiny_round()
+    out = analysis.counterfactual_round(config, b, 0, m=100, fraction=0.5)
+    assert out["lds"]["snapshot"] > 0.9, out["lds"]
+    assert abs(out["lds"]["random"]) < 0.3, out["lds"]
+    # first order: the round changes f by lr x epochs / minibatch x the summed scores of its records
+    scale = analysis.update_scale(config)
+    assert out["f_full"] - out["f0"] == pytest.approx(scale * float(b["influence"].sum()), rel=0.05)
+    # the group IIF drops, with one-record minibatches (so no remainder of the kept records is skipped), 2 epochs
+    config = {**config, "minibatch_size": 1, "update_epochs": 2}
+    full = torch.ones(len(b["influence"]), dtype=torch.bool)
+    f_full = analysis.f_return(analysis.retrain(config, b, full, 0), b, config)
+    g = analysis.group_check(config, b, 0, f_full)
+    predicted = -analysis.update_scale(config) * g["dropped_sum"]
+    assert g["n_dropped"] > 0 and g["actual"] == pytest.approx(predicted, rel=0.05)
+    assert analysis.update_scale({**config, "optimizer": "adam"}) is None
+
+
+def test_counterfactual_subcommand(frozenlake_runs, tmp_path):
+    _, saved = frozenlake_runs
+    run = tmp_path / "run"
+    shutil.copytree(saved, run)
+    for k in (1, 3):  # a TracIn score that ranks the records as the snapshot does: the same LDS
+        b = analysis.load_round(str(run), k)
+        b["influence_tracin"] = 2 * b["influence"]
+        torch.save(b, run / "rounds" / f"round_{k:04d}.pt")
+    out = sh("analysis.py", "counterfactual", "--run", str(run), "--rounds", "1", "3", "--subsets", "6",
+             "--out", str(tmp_path / "cf.png"))
+    lds = {(s, k): float(v) for s, k, v in re.findall(r"\| (\w+) \| (\d+|mean) \| ([+-]\d\.\d+) \|", out)}
+    assert {s for s, _ in lds} == {"snapshot", "tracin", "random"} and len(lds) == 9
+    assert all(lds["snapshot", k] == lds["tracin", k] for k in ("1", "3", "mean"))
+    assert lds["snapshot", "mean"] == pytest.approx((lds["snapshot", "1"] + lds["snapshot", "3"]) / 2, abs=1e-3)
+    assert "| round | dropped | predicted delta f |" in out and (tmp_path / "cf.png").exists()
