@@ -469,10 +469,11 @@ def evaluate(agent, envs, n_episodes, seed):
     quota = np.array([n_episodes // n + (i < n_episodes % n) for i in range(n)])
     done_count, ep_ret, returns = np.zeros(n, dtype=int), np.zeros(n), []
     obs, _ = envs.reset(seed=seed)
-    live = np.arange(n)
-    while len(live):
+    subset = isinstance(envs, EnvpoolVec)  # envpool can step only some of its environments
+    while (done_count < quota).any():
+        live = np.flatnonzero(done_count < quota) if subset else np.arange(n)
         action = env_action(agent, agent.act(torch.as_tensor(obs[live], dtype=torch.float32)), envs.single_action_space)
-        if isinstance(envs, EnvpoolVec):
+        if subset:
             obs[live], reward, term, trunc, _ = envs.step(action, live)
         else:
             obs, reward, term, trunc, _ = envs.step(action)
@@ -482,10 +483,6 @@ def evaluate(agent, envs, n_episodes, seed):
                 returns.append(ep_ret[i])
                 done_count[i] += 1
             ep_ret[i] = 0.0
-        if isinstance(envs, EnvpoolVec):
-            live = np.flatnonzero(done_count < quota)
-        elif (done_count >= quota).all():
-            live = live[:0]
     return float(np.mean(returns)), float(np.std(returns))
 
 
@@ -529,7 +526,7 @@ def resolve_args(args):
         if not has_envpool:
             fail("--env-backend envpool needs the envpool package (pip install envpool), or use gymnasium")
         import envpool
-        if args.env_id in PRESETS and not ported or args.env_id not in envpool.list_all_envs():
+        if (args.env_id in PRESETS and not ported) or args.env_id not in envpool.list_all_envs():
             fail(f"--env-backend envpool: {args.env_id} has no envpool port with this preset's settings "
                  f"(presets with one: {', '.join(k for k, v in PRESETS.items() if 'envpool' in v)}); "
                  "use --env-backend gymnasium")
@@ -593,10 +590,12 @@ def save_checkpoint(path, state):
 
 def load_checkpoint(run_dir, args):
     """The state after the last finished round of run_dir, or None to start at round 0."""
-    path = os.path.join(run_dir, "checkpoint.pt")
-    if not (args.resume and os.path.exists(path)):
-        if os.path.exists(os.path.join(run_dir, "metrics.csv")) and not args.resume:
+    if not args.resume:
+        if os.path.exists(os.path.join(run_dir, "metrics.csv")):
             fail(f"{run_dir}/metrics.csv exists: add --resume to continue it, or choose another --run-name")
+        return None
+    path = os.path.join(run_dir, "checkpoint.pt")
+    if not os.path.exists(path):
         return None
     with open(os.path.join(run_dir, "config.json")) as f:
         saved = json.load(f)

@@ -1,20 +1,22 @@
 """Do gymnasium and envpool give the same test return? The final policy of a committed run (from its
-checkpoint.pt, or agent.pt for older runs), tested on both backends with the same protocol (stochastic policy, undiscounted
-return, the same number of episodes), mean ± standard error.
+checkpoint.pt, or agent.pt for older runs), tested on both backends with the same protocol
+(stochastic policy, undiscounted return, the same number of episodes), mean ± standard error.
 
 Then standard PPO and IIF trained on each backend (the runs of results/backends.sh).
 
     python benchmarks/backend_agreement.py [--runs results/runs] [--seed 50000]
 """
 import argparse
-import json
+import glob
 import os
 import sys
+from collections import defaultdict
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import analysis  # noqa: E402
 import iif  # noqa: E402
 
 # (env, run whose final policy is tested, test episodes); each was trained on the backend its config.json names
@@ -27,6 +29,7 @@ def test_return(env_id, backend, agent, episodes, seed):
     args = argparse.Namespace(env_id=env_id, env_kwargs=iif.PRESETS[env_id].get("env_kwargs", {}),
                               env_backend=backend, async_envs=False, threads=1)
     envs = iif.make_vec(args, episodes if backend == "envpool" else 16)
+    torch.manual_seed(seed)
     mean, std = iif.evaluate(agent, envs, episodes, seed)
     envs.close()
     return mean, std / np.sqrt(episodes)
@@ -36,15 +39,11 @@ def training_table(runs_dir):
     """PPO trained on each backend (results/backends.sh): per env, on the rounds every run has and tests,
     the test return after the last of them (mean ± std over seeds), its mean over them, and the first
     of them at which each seed reaches a level."""
-    import csv
-    import glob
-    from collections import defaultdict
     levels = {"Acrobot-v1": -150, "highway-v0": 25}
     curves = defaultdict(list)  # (env, label) -> one curve per seed
     for path in sorted(glob.glob(os.path.join(runs_dir, "*__*-*__*", "metrics.csv"))):
         env_id, label, _ = os.path.basename(os.path.dirname(path)).rsplit("__", 2)
-        with open(path) as f:
-            curves[env_id, label].append([float(r["test_return_mean"] or "nan") for r in csv.DictReader(f)])
+        curves[env_id, label].append([r["test_return_mean"] for r in analysis.read_metrics(path)])
     print("\n| env | method | trained on | seeds | tested rounds | final test return | mean over tested rounds "
           "| rounds to reach |")
     print("|---|---|---|---|---|---|---|---|")
@@ -78,21 +77,15 @@ if __name__ == "__main__":
     for env_id, run, episodes in CASES:
         if cli.env and env_id not in cli.env:
             continue
-        with open(os.path.join(cli.runs, run, "config.json")) as f:
-            config = json.load(f)
-        envs = iif.make_vec(argparse.Namespace(env_id=env_id, env_kwargs=config["env_kwargs"], env_backend="envpool",
-                                               async_envs=False, threads=1), 1)
-        agent = iif.Agent(envs.single_observation_space, envs.single_action_space)
+        config = analysis.load_config(os.path.join(cli.runs, run))
         path = os.path.join(cli.runs, run, "checkpoint.pt")  # its agent is the final one
         if os.path.exists(path):
-            agent.load_state_dict(torch.load(path)["agent"])
+            agent = analysis.agent_for(config, torch.load(path)["agent"])
         else:  # runs made before checkpoints existed: agent.pt, made again by their reproduce command
-            agent.load_state_dict(torch.load(os.path.join(cli.runs, run, "agent.pt")))
-        torch.manual_seed(cli.seed)
+            agent = analysis.agent_for(config, torch.load(os.path.join(cli.runs, run, "agent.pt")))
         g = test_return(env_id, "gymnasium", agent, episodes, cli.seed)
-        torch.manual_seed(cli.seed)
         e = test_return(env_id, "envpool", agent, episodes, cli.seed)
         z = (e[0] - g[0]) / np.hypot(g[1], e[1])
-        print(f"| {env_id} | {run} ({config.get('env_backend', 'gymnasium')}) | {episodes} | {g[0]:.3f} ± {g[1]:.3f} | "
+        print(f"| {env_id} | {run} ({config['env_backend']}) | {episodes} | {g[0]:.3f} ± {g[1]:.3f} | "
               f"{e[0]:.3f} ± {e[1]:.3f} | {z:+.1f} |", flush=True)
     training_table(cli.backends)

@@ -38,15 +38,18 @@ def test_envpool_wrapper_is_envpool_without_its_reset_steps():
     raw = envpool.make("Acrobot-v1", env_type="gymnasium", num_envs=1, seed=5, num_threads=1, **kwargs)
     raw_first, _ = raw.reset()
     obs, rew, done, final = [], [], [], []
+    reset_step = False
     while len(obs) < steps:
         o, r, te, tr, _ = raw.step(actions[len(obs)][None])
-        if done and done[-1] and obs[-1] is final[-1]:  # envpool's reset step: the next episode's first obs
+        if reset_step:  # envpool's reset step: its observation is the next episode's first
             obs[-1] = o[0]
+            reset_step = False
             continue
         obs.append(o[0])
         rew.append(r[0])
         done.append(bool(te[0] | tr[0]))
-        final.append(obs[-1])
+        final.append(o[0])
+        reset_step = done[-1]
     ours = iif.EnvpoolVec("Acrobot-v1", kwargs, 1, 1)
     first, _ = ours.reset(seed=5)
     np.testing.assert_array_equal(first, raw_first)
