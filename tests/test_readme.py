@@ -1,8 +1,11 @@
-"""The README's map from the paper to iif.py, and its commands, stay true."""
+"""The README and docs/ map the paper onto the scripts' lines, their links resolve, and the README's
+commands stay the ones CI runs."""
+import glob
 import os
 import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
 
 
 def read(name):
@@ -10,13 +13,64 @@ def read(name):
         return f.read()
 
 
+def names_on(line, name):
+    """Whole-word match, so `Stage I` does not match a line that says only "Stage II"."""
+    return re.search(r"(?<!\w)" + re.escape(name) + r"(?!\w)", line) is not None
+
+
 def test_every_line_link_points_at_what_it_names():
     for script in ("iif.py", "rlhf_iif.py", "grpo_iif.py"):
         lines = read(script).splitlines()
-        links = re.findall(r"\[`([^`]+)`\]\(" + re.escape(script) + r"#L(\d+)\)", read("README.md"))
+        links = []
+        for page in PAGES:  # README.md links `script#LN`, docs/*.md link `../script#LN`
+            prefix = "" if page == "README.md" else "../"
+            found = re.findall(r"\[`([^`]+)`\]\(" + re.escape(prefix + script) + r"#L(\d+)\)", read(page))
+            links += [(page, name, int(line)) for name, line in found]
         assert len(links) >= 8, script
-        for name, line in links:
-            assert name in lines[int(line) - 1], f"README links `{name}` to {script} line {line}: {lines[int(line) - 1]!r}"
+        for page, name, line in links:
+            assert 1 <= line <= len(lines), f"{page} links `{name}` to {script} line {line}, past its end"
+            assert names_on(lines[line - 1], name), f"{page} links `{name}` to {script} line {line}: {lines[line - 1]!r}"
+
+
+def test_stage_banners_match_whole_words():
+    assert names_on("        # Stage I (Alg. 1): collect", "Stage I")
+    assert not names_on("        # Stage II (Alg. 1): score", "Stage I")
+    assert not names_on("        # Stage III (Alg. 1): update", "Stage II")
+
+
+def slug(heading):
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def anchors(page):
+    text = re.sub(r"```.*?```", "", read(page), flags=re.S)
+    return {slug(m) for m in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
+def test_relative_links_and_images_resolve():
+    checked = 0
+    for page in PAGES:
+        text = re.sub(r"```.*?```", "", read(page), flags=re.S)  # commands, not links
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), path)) if path else os.path.join(ROOT, page)
+            assert os.path.exists(resolved), f"{page} links {target!r}: {os.path.relpath(resolved, ROOT)} does not exist"
+            if anchor and resolved.endswith(".md"):
+                assert anchor in anchors(os.path.relpath(resolved, ROOT)), f"{page} links {target!r}: no such heading"
+            checked += 1
+    assert checked >= 30
+
+
+def test_docs_pages_link_back_to_the_readme():
+    for page in PAGES[1:]:
+        assert "](../README.md)" in read(page), page
+    readme = read("README.md")
+    for page in PAGES[1:]:
+        assert "](" + page + ")" in readme, f"README does not link {page}"
 
 
 def test_ci_runs_the_readme_commands():
