@@ -243,14 +243,13 @@ def test_advantage_heuristics_drop_sign_mismatches_by_error_or_product():
     a_mc = torch.tensor([0.5, -0.2, 0.3, float("nan"), -0.4, 0.1], dtype=torch.float64)
     a_hat = torch.tensor([-0.1, 0.6, 0.2, -1.0, 0.1, -0.9], dtype=torch.float64)
     # mismatches: 0 (err .6, prod -.05), 1 (err .8, prod -.12), 4 (err .5, prod -.04), 5 (err 1.0, prod -.09)
-    scores = torch.zeros(6)
-    kept, _ = iif.filter_records(scores, "adv-error", 0.5, torch.Generator(), a_mc, a_hat)
+    kept = iif.advantage_filter(a_mc, a_hat, "adv-error", 0.5)
     assert torch.nonzero(~kept).flatten().tolist() == [1, 5]
-    kept, _ = iif.filter_records(scores, "adv-product", 0.5, torch.Generator(), a_mc, a_hat)
+    kept = iif.advantage_filter(a_mc, a_hat, "adv-product", 0.5)
     assert sorted(torch.nonzero(~kept).flatten().tolist()) == [1, 5]
-    kept, _ = iif.filter_records(scores, "adv-product", 0.25, torch.Generator(), a_mc, a_hat)
+    kept = iif.advantage_filter(a_mc, a_hat, "adv-product", 0.25)
     assert torch.nonzero(~kept).flatten().tolist() == [1]  # -0.12 is the most negative product
-    kept, _ = iif.filter_records(scores, "adv-error", 1.0, torch.Generator(), a_mc, a_hat)
+    kept = iif.advantage_filter(a_mc, a_hat, "adv-error", 1.0)
     assert sorted(torch.nonzero(~kept).flatten().tolist()) == [0, 1, 4, 5]  # never the nan or the agreeing ones
 
 
