@@ -1,18 +1,23 @@
-"""The paper's diagnostics (Sec. 4, Sec. 5.2, App. C) from what iif.py saves.
+r"""The paper's diagnostics (Sec. 4, Sec. 5.2, App. C) from what iif.py saves.
 
-Each subcommand writes a PNG and prints the numbers behind it:
+Each subcommand prints the numbers of a figure or table, and all but efficiency and ablation
+draw it in a PNG:
 
     python analysis.py curves --runs results/runs --env FrozenLake-v1
     python analysis.py efficiency --runs results/runs --env FrozenLake-v1 Acrobot-v1
-    python analysis.py bottom-records --run results/runs/FrozenLake-v1__saved__1 --rounds 2 5 10
-    python analysis.py advantage-diagnosis --run results/runs/FrozenLake-v1__saved__1 --round 5
-    python analysis.py counterfactual --run results/diagnostics/FrozenLake-v1__tracin__1 --rounds 0 4 8 12 16
+    D=results/diagnostics
+    python analysis.py bottom-records --run $D/FrozenLake-v1__none__1 --rounds 2 5 10
+    python analysis.py advantage-diagnosis --run $D/FrozenLake-v1__none__1 --round 5
+    python analysis.py counterfactual --run $D/FrozenLake-v1__tracin__1 --rounds 0 4 8 12 16
     python analysis.py rlhf --runs results/runs --env rlhf-toy
 
 Runs follow results/reproduce.sh's naming, <runs>/<env>__<label>__<seed>/metrics.csv, where the
 label is iif.py's (or rlhf_iif.py's) --filter-method (influence, none, random) or any other tag.
+The diagnostics read the rounds/ of a run made with --save-rounds, such as (README, "Results")
+
+    python iif.py --env-id FrozenLake-v1 --filter-method none --save-rounds --seed 1 \
+        --total-timesteps 40960 --runs-dir results/diagnostics --run-name FrozenLake-v1__none__1
 """
-import argparse
 import copy
 import csv
 import glob
@@ -20,6 +25,9 @@ import json
 import math
 import os
 from collections import defaultdict
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Optional
 
 import matplotlib
 
@@ -27,17 +35,24 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import tyro  # noqa: E402
 
 import iif  # noqa: E402
 
 LABELS = {"influence": "IIF", "none": "Standard", "random": "Random", "f_return": "IIF (f_return)"}
-COLORS = {"influence": "tab:red", "none": "tab:blue", "random": "tab:gray", "adv-error": "tab:orange",
-          "adv-product": "tab:purple", "td-weight": "tab:green", "f_return": "tab:olive"}
+COLORS = {"influence": "tab:red", "none": "tab:blue", "random": "tab:gray",
+          "adv-error": "tab:orange", "adv-product": "tab:purple", "td-weight": "tab:green",
+          "f_return": "tab:olive"}
+
+
+def fail(msg):
+    raise SystemExit(f"analysis.py: error: {msg}")
 
 
 def read_metrics(path):
     with open(path) as f:
-        return [{k: float(v) if v != "" else math.nan for k, v in row.items()} for row in csv.DictReader(f)]
+        rows = list(csv.DictReader(f))
+    return [{k: float(v) if v != "" else math.nan for k, v in row.items()} for row in rows]
 
 
 def load_runs(runs_dir, env_id):
@@ -47,8 +62,13 @@ def load_runs(runs_dir, env_id):
         _, label, seed = os.path.basename(os.path.dirname(path)).rsplit("__", 2)
         runs[label][seed] = read_metrics(path)
     if not runs:
-        raise SystemExit(f"analysis.py: error: no {env_id}__<label>__<seed>/metrics.csv under --runs {runs_dir}")
+        fail(f"no {env_id}__<label>__<seed>/metrics.csv under --runs {runs_dir}")
     return runs
+
+
+def label_order(label):
+    """LABELS' labels first, in its order, then the others alphabetically"""
+    return (label not in LABELS, list(LABELS).index(label) if label in LABELS else label)
 
 
 # ---- Sec. 5.2: sample efficiency and runtime ----
@@ -59,9 +79,9 @@ def first_round(returns, v):
 
 
 def record_levels(returns):
-    """The strictly increasing sequence of record test returns set by a run (its running maxima). A run
-    made with --eval-every N has nan for its untested rounds: they set no level, and m(v) counts rounds,
-    so SE is measured on the tested rounds."""
+    """The strictly increasing sequence of record test returns set by a run (its running maxima).
+    A run made with --eval-every N has nan for its untested rounds: they set no level, and m(v)
+    counts rounds, so SE is measured on the tested rounds."""
     levels = []
     for r in returns:
         if math.isnan(r):
@@ -72,16 +92,17 @@ def record_levels(returns):
 
 
 def efficiency(std_rows, iif_rows):
-    """SE_ave, SE_peak, RT_peak of one IIF run against one standard run, and how many levels IIF never
-    reached. SE(v) = 1 - m_IIF(v) / m_std(v). A level IIF never reaches counts with m_IIF = its
-    number of rounds + 1, a bound in IIF's favour. RT_peak = 1 - (IIF's influence + optimisation time
-    until it matches standard's peak) / (standard's optimisation time over all its rounds): Table 3's
-    formula (FrozenLake 1 - 64.64 / 93.85 = 31.1 %); standard PPO needs no influence."""
+    """SE_ave, SE_peak, RT_peak of one IIF run against one standard run, and how many levels IIF
+    never reached. SE(v) = 1 - m_IIF(v) / m_std(v). A level IIF never reaches counts with m_IIF =
+    its number of rounds + 1, a bound in IIF's favour. RT_peak = 1 - (IIF's influence +
+    optimisation time until it matches standard's peak) / (standard's optimisation time over all
+    its rounds): Table 3's formula (FrozenLake 1 - 64.64 / 93.85 = 31.1 %); standard PPO needs no
+    influence."""
     std = [r["test_return_mean"] for r in std_rows]
     iif = [r["test_return_mean"] for r in iif_rows]
     levels = record_levels(std)
     m_iif = [min(first_round(iif, v), len(iif) + 1) for v in levels]
-    se = [1 - mi / first_round(std, v) for mi, v in zip(m_iif, levels)]
+    se = [1 - mi / first_round(std, v) for mi, v in zip(m_iif, levels)]  # Sec. 5.2: SE(v)
     t_std = np.cumsum([r["t_optim"] for r in std_rows])
     t_iif = np.cumsum([r["t_influence"] + r["t_optim"] for r in iif_rows])
     t_iif_peak = t_iif[m_iif[-1] - 1] if m_iif[-1] <= len(iif) else t_iif[-1]
@@ -89,40 +110,83 @@ def efficiency(std_rows, iif_rows):
                 n_levels=len(levels), n_unreached=sum(mi > len(iif) for mi in m_iif))
 
 
+@dataclass
+class Efficiency:
+    """SE_ave, SE_peak, RT_peak and the runtime breakdown (Fig. 6b, Table 3)"""
+    env: tuple[str, ...]
+    """env ids"""
+    runs: str = "results/runs"
+    """folder of <env>__<label>__<seed> runs"""
+    label: str = "influence"
+    """label compared with standard PPO ('none')"""
+    at: tuple[float, ...] = ()
+    """also print SE(v) at these test-return levels v"""
+
+
 def cmd_efficiency(args):
     name = LABELS.get(args.label, args.label)
     print(f"| env | method | seeds | SE_ave | SE_peak | RT_peak | levels (not reached by {name}) |")
     print("|---|---|---|---|---|---|---|")
-    breakdown, at = [], []
+    breakdown = []
+    at = []
     for env_id in args.env:
         runs = load_runs(args.runs, env_id)
         seeds = sorted(set(runs["none"]) & set(runs[args.label]))
         res = [efficiency(runs["none"][s], runs[args.label][s]) for s in seeds]
-        cell = {key: f"{100 * np.mean([r[key] for r in res]):.1f} ± {100 * np.std([r[key] for r in res]):.1f} %"
-                for key in ("se_ave", "se_peak", "rt_peak")}
+        cell = {}
+        for key in ("se_ave", "se_peak", "rt_peak"):
+            x = [r[key] for r in res]
+            cell[key] = f"{100 * np.mean(x):.1f} ± {100 * np.std(x):.1f} %"
         levels = ", ".join(f"{r['n_levels']} ({r['n_unreached']})" for r in res)
-        print(f"| {env_id} | {name} | {len(seeds)} | {cell['se_ave']} | {cell['se_peak']} | {cell['rt_peak']} "
-              f"| {levels} |")
-        for v in args.at or []:  # seeds whose standard run never reaches v have no SE(v)
-            m = [(first_round([r["test_return_mean"] for r in runs[args.label][s]], v),
-                  first_round([r["test_return_mean"] for r in runs["none"][s]], v)) for s in seeds]
-            se = [1 - min(a, len(runs[args.label][s]) + 1) / b for (a, b), s in zip(m, seeds) if b < math.inf]
-            at.append(f"| {env_id} | {name} | {v:g} | {', '.join(f'{a} / {b}' for a, b in m)} | "
-                      + (f"{100 * np.mean(se):.1f} % ({len(se)} of {len(m)} seeds) |" if se else "- |"))
+        print(f"| {env_id} | {name} | {len(seeds)} | {cell['se_ave']} | {cell['se_peak']} "
+              f"| {cell['rt_peak']} | {levels} |")
+        for v in args.at:  # seeds whose standard run never reaches v have no SE(v)
+            m = []
+            for s in seeds:
+                m_lb = first_round([r["test_return_mean"] for r in runs[args.label][s]], v)
+                m_std = first_round([r["test_return_mean"] for r in runs["none"][s]], v)
+                m.append((m_lb, m_std))
+            se = [1 - min(a, len(runs[args.label][s]) + 1) / b
+                  for (a, b), s in zip(m, seeds) if b < math.inf]
+            row = f"| {env_id} | {name} | {v:g} | {', '.join(f'{a} / {b}' for a, b in m)} | "
+            if se:
+                row += f"{100 * np.mean(se):.1f} % ({len(se)} of {len(m)} seeds) |"
+            else:
+                row += "- |"
+            at.append(row)
         for label in ("none", args.label):
             rows = [r for s in seeds for r in runs[label][s]]
-            breakdown.append((env_id, LABELS.get(label, label), *(np.mean([r[k] for r in rows]) for k in
-                              ("t_rollout", "t_influence", "t_optim", "t_eval", "n_kept", "n_updates"))))
+            keys = ("t_rollout", "t_influence", "t_optim", "t_eval", "n_kept", "n_updates")
+            means = [np.mean([r[k] for r in rows]) for k in keys]
+            breakdown.append((env_id, LABELS.get(label, label), *means))
     if at:
         print(f"\nSE at chosen levels v (rounds to reach v, {name} / standard, per seed):\n")
         print("| env | method | v | m / m_std | SE(v) |")
         print("|---|---|---|---|---|")
         print("\n".join(at))
     print("\nPer-round means (seconds; Table 3):\n")
-    print("| env | method | rollout | influence | optimisation | evaluation | records kept | optimizer steps |")
+    print("| env | method | rollout | influence | optimisation | evaluation | records kept "
+          "| optimizer steps |")
     print("|---|---|---|---|---|---|---|---|")
     for env_id, label, *v in breakdown:
-        print(f"| {env_id} | {label} | {v[0]:.2f} | {v[1]:.3f} | {v[2]:.2f} | {v[3]:.2f} | {v[4]:.0f} | {v[5]:.0f} |")
+        print(f"| {env_id} | {label} | {v[0]:.2f} | {v[1]:.3f} | {v[2]:.2f} | {v[3]:.2f} "
+              f"| {v[4]:.0f} | {v[5]:.0f} |")
+
+
+@dataclass
+class Ablation:
+    """SE_ave, SE_peak, RT_peak and standard PPO's returns, one row per recipe"""
+    variants: tuple[str, ...]
+    """recipe folders, one row each"""
+    env: tuple[str, ...]
+    """env ids"""
+    runs: str = "results/ablation"
+    """folder of one <recipe>/ folder of runs per recipe"""
+    at_round: int = 10
+    """also print standard PPO's test return after this round"""
+    complete: tuple[str, ...] = ()
+    """ENV=ROUNDS: count only seeds whose two runs hold this many rounds (unfinished runs are
+    skipped)"""
 
 
 def cmd_ablation(args):
@@ -130,48 +194,72 @@ def cmd_ablation(args):
     def pm(x, scale=1.0, fmt=".1f"):
         return f"{scale * np.mean(x):{fmt}} ± {scale * np.std(x):{fmt}}"
     rounds = {e: int(n) for e, n in (c.split("=") for c in args.complete)}
-    print(f"| env | recipe | seeds | SE_ave % | SE_peak % | RT_peak % | standard, round {args.at_round} "
-          "| standard, final | IIF, final |")
+    print(f"| env | recipe | seeds | SE_ave % | SE_peak % | RT_peak % | standard, round "
+          f"{args.at_round} | standard, final | IIF, final |")
     print("|---|---|---|---|---|---|---|---|---|")
     for env_id in args.env:
         for variant in args.variants:
             path = os.path.join(args.runs, variant)
-            runs = load_runs(path, env_id) if glob.glob(os.path.join(path, f"{env_id}__*")) else {}
+            runs = {}
+            if glob.glob(os.path.join(path, f"{env_id}__*")):
+                runs = load_runs(path, env_id)
             seeds = sorted(set(runs.get("none", {})) & set(runs.get("influence", {})))
             if env_id in rounds:
-                seeds = [s for s in seeds if len(runs["none"][s]) == len(runs["influence"][s]) == rounds[env_id]]
+                seeds = [s for s in seeds
+                         if len(runs["none"][s]) == len(runs["influence"][s]) == rounds[env_id]]
             if not seeds:  # a recipe not run on this env
                 continue
             res = [efficiency(runs["none"][s], runs["influence"][s]) for s in seeds]
-            final = {m: [runs[m][s][-1]["test_return_mean"] for s in seeds] for m in ("none", "influence")}
+            final = {m: [runs[m][s][-1]["test_return_mean"] for s in seeds]
+                     for m in ("none", "influence")}
             at = [runs["none"][s][args.at_round - 1]["test_return_mean"] for s in seeds]
             fmt = ".3f" if abs(np.mean(final["none"])) < 10 else ".0f"
-            print(f"| {env_id} | {variant} | {len(seeds)} | " + " | ".join(pm([r[k] for r in res], 100) for k in
-                  ("se_ave", "se_peak", "rt_peak")) + f" | {pm(at, fmt=fmt)} | {pm(final['none'], fmt=fmt)} | "
-                  f"{pm(final['influence'], fmt=fmt)} |")
+            se = " | ".join(pm([r[k] for r in res], 100) for k in ("se_ave", "se_peak", "rt_peak"))
+            print(f"| {env_id} | {variant} | {len(seeds)} | {se} | {pm(at, fmt=fmt)} "
+                  f"| {pm(final['none'], fmt=fmt)} | {pm(final['influence'], fmt=fmt)} |")
 
 
 # ---- Fig. 6a, Fig. 13: test return over rounds ----
 
+@dataclass
+class Curves:
+    """test return over rounds, mean and std band over seeds (Fig. 6a, 13)"""
+    env: tuple[str, ...]
+    """env ids, one panel each"""
+    runs: str = "results/runs"
+    """folder of <env>__<label>__<seed> runs"""
+    labels: tuple[str, ...] = ()
+    """labels to draw (default: all found)"""
+    out: str = "curves.png"
+    """PNG to write"""
+
+
 def cmd_curves(args):
-    fig, axes = plt.subplots(1, len(args.env), figsize=(4.5 * len(args.env), 3.4), squeeze=False)
+    n_env = len(args.env)
+    fig, axes = plt.subplots(1, n_env, figsize=(4.5 * n_env, 3.4), squeeze=False)
     for ax, env_id in zip(axes[0], args.env):
         runs = load_runs(args.runs, env_id)
         print(f"{env_id}: final test return, mean ± std over seeds")
-        labels = [lb for lb in sorted(runs, key=lambda lb: (lb not in LABELS, list(LABELS).index(lb) if lb in LABELS
-                                                          else lb)) if not args.labels or lb in args.labels]
-        others = iter(["tab:olive", "tab:cyan", "tab:brown", "tab:pink", "black", "tab:purple", "tab:green"])
+        labels = sorted(runs, key=label_order)
+        if args.labels:
+            labels = [lb for lb in labels if lb in args.labels]
+        others = iter(["tab:olive", "tab:cyan", "tab:brown", "tab:pink", "black", "tab:purple",
+                       "tab:green"])
         colors = {lb: COLORS[lb] if lb in COLORS else next(others, None) for lb in labels}
         for label in labels:
             n = min(len(rows) for rows in runs[label].values())
-            curves = np.array([[r["test_return_mean"] for r in rows[:n]] for rows in runs[label].values()])
+            curves = np.array([[r["test_return_mean"] for r in rows[:n]]
+                               for rows in runs[label].values()])
             x = np.arange(1, n + 1)
             tested = ~np.isnan(curves).any(0)  # --eval-every N: only the tested rounds
-            curves, x = curves[:, tested], x[tested]
-            mean, std = curves.mean(0), curves.std(0)
-            ax.plot(x, mean, color=colors[label], label=f"{LABELS.get(label, label)} ({len(curves)} seeds)")
+            curves = curves[:, tested]
+            x = x[tested]
+            mean = curves.mean(0)
+            std = curves.std(0)
+            name = LABELS.get(label, label)
+            ax.plot(x, mean, color=colors[label], label=f"{name} ({len(curves)} seeds)")
             ax.fill_between(x, mean - std, mean + std, color=colors[label], alpha=0.2, linewidth=0)
-            print(f"  {LABELS.get(label, label):>12}: {mean[-1]:.3f} ± {std[-1]:.3f} after {n} rounds")
+            print(f"  {name:>12}: {mean[-1]:.3f} ± {std[-1]:.3f} after {n} rounds")
         ax.set(title=env_id, xlabel="round", ylabel="test return")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -182,32 +270,54 @@ def cmd_curves(args):
 # ---- Sec. 5.3, Fig. 7, Table 4: RLHF ----
 
 def smooth(x, w):
-    return np.convolve(x, np.ones(w) / w, mode="valid")  # trailing mean: value j covers rounds j .. j + w - 1
+    # trailing mean: value j covers rounds j .. j + w - 1
+    return np.convolve(x, np.ones(w) / w, mode="valid")
+
+
+@dataclass
+class Rlhf:
+    """rlhf_iif.py and grpo_iif.py runs: reward, test toxicity, runtime (Fig. 7, Table 4)"""
+    runs: str = "results/runs"
+    """folder of <env>__<label>__<seed> runs"""
+    env: str = "rlhf-toy"
+    """the runs' name prefix"""
+    smooth: int = 5
+    """rounds in the trailing mean of the reward"""
+    out: str = "rlhf.png"
+    """PNG to write"""
 
 
 def cmd_rlhf(args):
-    """Training reward and test toxicity over rounds and over runtime (Fig. 7, 14); the rounds and runtime
-    each method needs to reach standard PPO's final reward; the per-round runtime breakdown (Table 4)."""
+    """Training reward and test toxicity over rounds and over runtime (Fig. 7, 14); the rounds and
+    runtime each method needs to reach standard PPO's final reward; the per-round runtime
+    breakdown (Table 4)."""
     runs = load_runs(args.runs, args.env)
-    labels = [lb for lb in LABELS if lb in runs] + sorted(lb for lb in runs if lb not in LABELS)
+    labels = sorted(runs, key=label_order)
     name = {lb: LABELS.get(lb, lb) for lb in labels}
     others = iter(["tab:cyan", "tab:brown", "tab:pink", "black"])
     color = {lb: COLORS[lb] if lb in COLORS else next(others, None) for lb in labels}
     keys = ("t_generate", "t_forward", "t_influence", "t_optim")
-    cum_t = {lb: {s: np.cumsum([sum(r[k] for k in keys) for r in rs]) for s, rs in runs[lb].items()} for lb in labels}
+    cum_t = defaultdict(dict)  # label -> seed -> runtime after each round
+    for lb in labels:
+        for s, rs in runs[lb].items():
+            cum_t[lb][s] = np.cumsum([sum(r[k] for k in keys) for r in rs])
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
     for label in labels:
         n = min(len(rows) for rows in runs[label].values())
         rows = list(runs[label].values())
         x = np.arange(1, n + 1)
         t = np.mean([ts[:n] for ts in cum_t[label].values()], 0)
-        for ax, key, xs in ((axes[0], "reward_mean", x), (axes[1], "eval_toxicity", x), (axes[2], "reward_mean", t)):
+        panels = ((axes[0], "reward_mean", x), (axes[1], "eval_toxicity", x),
+                  (axes[2], "reward_mean", t))
+        for ax, key, xs in panels:
             c = np.array([[r[key] for r in rs[:n]] for rs in rows])
-            mean, std = c.mean(0), c.std(0)
+            mean = c.mean(0)
+            std = c.std(0)
             ax.plot(xs, mean, color=color[label], label=f"{name[label]} ({len(c)} seeds)")
             ax.fill_between(xs, mean - std, mean + std, color=color[label], alpha=0.2, linewidth=0)
-    for ax, title, xlabel in zip(axes, ("training reward", "test toxicity", "training reward"),
-                                 ("round", "round", "seconds (generation, forward, influence, optimisation)")):
+    titles = ("training reward", "test toxicity", "training reward")
+    xlabels = ("round", "round", "seconds (generation, forward, influence, optimisation)")
+    for ax, title, xlabel in zip(axes, titles, xlabels):
         ax.set(title=title, xlabel=xlabel)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -220,32 +330,41 @@ def cmd_rlhf(args):
     for label in labels:
         fin = [smooth([r["reward_mean"] for r in rs], w)[-1] for rs in runs[label].values()]
         tox = [[r["eval_toxicity"] for r in rs] for rs in runs[label].values()]
-        print(f"| {name[label]} | {len(next(iter(runs[label].values())))} | {np.mean(fin):.2f} ± {np.std(fin):.2f} | "
-              f"{np.mean([np.nanmean(x[-w:]) for x in tox]):.3f} | {np.mean([x[0] for x in tox]):.3f} |")
+        n = len(next(iter(runs[label].values())))
+        print(f"| {name[label]} | {n} | {np.mean(fin):.2f} ± {np.std(fin):.2f} | "
+              f"{np.mean([np.nanmean(x[-w:]) for x in tox]):.3f} | "
+              f"{np.mean([x[0] for x in tox]):.3f} |")
     if "none" in runs:  # per seed: when does each method first reach standard PPO's final reward?
         print("\nRounds and runtime to reach standard PPO's final reward (per seed, smoothed):\n")
         print("| method | seed | level | rounds / standard's | runtime / standard's |")
         print("|---|---|---|---|---|")
         for label in [lb for lb in labels if lb != "none"]:
             for seed in sorted(set(runs["none"]) & set(runs[label])):
-                sm = {lb: smooth([r["reward_mean"] for r in runs[lb][seed]], w) for lb in ("none", label)}
+                sm = {lb: smooth([r["reward_mean"] for r in runs[lb][seed]], w)
+                      for lb in ("none", label)}
                 v = sm["none"][-1]
                 m = {lb: next((j for j, r in enumerate(sm[lb]) if r >= v), None) for lb in sm}
                 if m[label] is None:
                     print(f"| {name[label]} | {seed} | {v:.2f} | not reached | - |")
                     continue
-                r_lb, r_std = m[label] + w, m["none"] + w  # the round that completes the window
-                t_lb, t_std = cum_t[label][seed][r_lb - 1], cum_t["none"][seed][r_std - 1]
-                print(f"| {name[label]} | {seed} | {v:.2f} | {r_lb} / {r_std} = {r_lb / r_std:.0%} | "
-                      f"{t_lb:.0f} s / {t_std:.0f} s = {t_lb / t_std:.0%} |")
+                r_lb = m[label] + w  # the round that completes the window
+                r_std = m["none"] + w
+                t_lb = cum_t[label][seed][r_lb - 1]
+                t_std = cum_t["none"][seed][r_std - 1]
+                print(f"| {name[label]} | {seed} | {v:.2f} | {r_lb} / {r_std} = {r_lb / r_std:.0%} "
+                      f"| {t_lb:.0f} s / {t_std:.0f} s = {t_lb / t_std:.0%} |")
     print("\nPer-round runtime, seconds, mean over rounds and seeds (Table 4):\n")
-    print("| method | generation & scoring | forward | influence | optimisation | total | episodes kept |")
+    print("| method | generation & scoring | forward | influence | optimisation | total "
+          "| episodes kept |")
     print("|---|---|---|---|---|---|---|")
     rows = {label: [r for rs in runs[label].values() for r in rs] for label in labels}
     mean = {label: [np.mean([r[k] for r in rows[label]]) for k in keys] for label in labels}
     for label in labels:
-        rel = f" ({sum(mean[label]) / sum(mean['none']):.0%} of standard)" if label != "none" and "none" in mean else ""
-        print(f"| {name[label]} | " + " | ".join(f"{x:.2f}" for x in mean[label]) + f" | {sum(mean[label]):.2f}{rel} | "
+        rel = ""
+        if label != "none" and "none" in mean:
+            rel = f" ({sum(mean[label]) / sum(mean['none']):.0%} of standard)"
+        times = " | ".join(f"{x:.2f}" for x in mean[label])
+        print(f"| {name[label]} | {times} | {sum(mean[label]):.2f}{rel} | "
               f"{np.mean([r['n_kept'] for r in rows[label]]):.1f} |")
     print(f"wrote {args.out}")
 
@@ -255,7 +374,7 @@ def cmd_rlhf(args):
 def load_round(run_dir, k):
     path = os.path.join(run_dir, "rounds", f"round_{k:04d}.pt")
     if not os.path.exists(path):
-        raise SystemExit(f"analysis.py: error: {path} not found: make the run with iif.py --save-rounds")
+        fail(f"{path} not found: make the run with iif.py --save-rounds")
     return torch.load(path)
 
 
@@ -275,17 +394,19 @@ def raw_advantages(b):
     return (b["returns"] - b["values"]).numpy()
 
 
-FROZENLAKE_ARROWS = {0: (-1, 0), 1: (0, 1), 2: (1, 0), 3: (0, -1)}  # left, down, right, up; y grows downwards
+# left, down, right, up; y grows downwards
+FROZENLAKE_ARROWS = {0: (-1, 0), 1: (0, 1), 2: (1, 0), 3: (0, -1)}
 
 
 def draw_frozenlake(ax, desc, states, actions, adv, title):
-    """Bottom records aggregated per (s, a) on the map: an arrow per action, green for A_hat > 0 and
-    red for A_hat < 0 (the sign held by most of the pair's records), width by record count."""
+    """Bottom records aggregated per (s, a) on the map: an arrow per action, green for A_hat > 0
+    and red for A_hat < 0 (the sign held by most of the pair's records), width by record count."""
     n = len(desc)
     colors = {b"S": "#dde8f0", b"F": "#dde8f0", b"H": "#335", b"G": "#f3c94b"}
     for y in range(n):
         for x in range(n):
-            ax.add_patch(plt.Rectangle((x, y), 1, 1, facecolor=colors[desc[y][x]], edgecolor="white"))
+            ax.add_patch(plt.Rectangle((x, y), 1, 1, facecolor=colors[desc[y][x]],
+                                       edgecolor="white"))
             ax.text(x + 0.06, y + 0.2, desc[y][x].decode(), fontsize=7, color="gray")
     pairs = defaultdict(list)
     for s, a, A in zip(states, actions, adv):
@@ -296,27 +417,44 @@ def draw_frozenlake(ax, desc, states, actions, adv, title):
         dx, dy = FROZENLAKE_ARROWS[a]
         color = "tab:green" if np.mean(np.sign(advs)) > 0 else "tab:red"
         width = 0.02 + 0.08 * np.sqrt(len(advs) / most)
-        ax.arrow(x + 0.5 + 0.1 * dx, y + 0.5 + 0.1 * dy, 0.25 * dx, 0.25 * dy, width=width, head_width=2.2 * width,
-                 head_length=0.12, color=color, length_includes_head=True)
-        ax.text(x + 0.5 + 0.42 * dx, y + 0.5 + 0.42 * dy, str(len(advs)), fontsize=6, ha="center", va="center")
+        ax.arrow(x + 0.5 + 0.1 * dx, y + 0.5 + 0.1 * dy, 0.25 * dx, 0.25 * dy, width=width,
+                 head_width=2.2 * width, head_length=0.12, color=color, length_includes_head=True)
+        ax.text(x + 0.5 + 0.42 * dx, y + 0.5 + 0.42 * dy, str(len(advs)), fontsize=6,
+                ha="center", va="center")
     ax.set(xlim=(0, n), ylim=(n, 0), title=title, aspect="equal")
     ax.axis("off")
     return pairs
 
 
-MINIGRID_COLORS = {0: "#222", 1: "#eee", 2: "#888", 8: "#3a3"}  # unseen, empty, wall, goal; others grey-blue
+# unseen, empty, wall, goal; other objects grey-blue
+MINIGRID_COLORS = {0: "#222", 1: "#eee", 2: "#888", 8: "#3a3"}
+MINIGRID_ACTIONS = ["turn left", "turn right", "forward", "pickup", "drop", "toggle", "done"]
 
 
 def draw_minigrid_view(ax, obs, action, adv, score):
-    """The agent's 7x7 egocentric view (the agent at the bottom centre, facing up) and its action."""
+    """The agent's 7x7 egocentric view (the agent at the bottom centre, facing up) and its
+    action."""
     objects = obs[..., 0].T  # MiniGrid images are indexed [x, y]
-    rgb = np.array([[matplotlib.colors.to_rgb(MINIGRID_COLORS.get(int(o), "#89a")) for o in row] for row in objects])
+    rgb = np.array([[matplotlib.colors.to_rgb(MINIGRID_COLORS.get(int(o), "#89a")) for o in row]
+                    for row in objects])
     ax.imshow(rgb)
     ax.plot(3, 6, marker="^", color="tab:red", markersize=9)
-    ax.set_title(f"{['turn left', 'turn right', 'forward', 'pickup', 'drop', 'toggle', 'done'][int(action)]}\n"
-                 f"A_hat {adv:+.2f}, I {score:.1e}", fontsize=7)
+    ax.set_title(f"{MINIGRID_ACTIONS[int(action)]}\nA_hat {adv:+.2f}, I {score:.1e}", fontsize=7)
     ax.set_xticks([])
     ax.set_yticks([])
+
+
+@dataclass
+class BottomRecords:
+    """bottom records of FrozenLake (map) or MiniGrid (views) (Fig. 3a-b, 8)"""
+    run: str
+    """an iif.py run made with --save-rounds"""
+    rounds: tuple[int, ...] = (2, 5, 10)
+    """rounds k to draw"""
+    n: int = 100
+    """how many bottom records (FrozenLake; MiniGrid: views a row)"""
+    out: str = "bottom_records.png"
+    """PNG to write"""
 
 
 def cmd_bottom_records(args):
@@ -328,25 +466,31 @@ def cmd_bottom_records(args):
         fig, axes = plt.subplots(1, len(rounds), figsize=(3.2 * len(rounds), 3.6), squeeze=False)
         for ax, k, b in zip(axes[0], args.rounds, rounds):
             bottom = torch.argsort(b["influence"], stable=True)[:args.n].numpy()
-            states, actions = b["obs"].argmax(1).numpy()[bottom], b["actions"].numpy()[bottom]
+            states = b["obs"].argmax(1).numpy()[bottom]
+            actions = b["actions"].numpy()[bottom]
             adv = raw_advantages(b)[bottom]
-            pairs = draw_frozenlake(ax, desc, states, actions, adv, f"bottom {args.n} records, k = {k}")
-            print(f"round {k}: bottom {args.n} records by (state, action): count, share with A_hat > 0, mean A_hat")
+            title = f"bottom {args.n} records, k = {k}"
+            pairs = draw_frozenlake(ax, desc, states, actions, adv, title)
+            print(f"round {k}: bottom {args.n} records by (state, action): count, share with "
+                  "A_hat > 0, mean A_hat")
             for (s, a), advs in sorted(pairs.items(), key=lambda kv: -len(kv[1])):
-                print(f"  s={s:2d} a={'LDRU'[a]}  {len(advs):3d}  {np.mean(np.array(advs) > 0):.2f}  "
-                      f"{np.mean(advs):+.3f}")
+                print(f"  s={s:2d} a={'LDRU'[a]}  {len(advs):3d}  "
+                      f"{np.mean(np.array(advs) > 0):.2f}  {np.mean(advs):+.3f}")
     elif config["env_id"].startswith("MiniGrid"):
-        fig, axes = plt.subplots(len(rounds), args.n, figsize=(1.6 * args.n, 2.0 * len(rounds)), squeeze=False)
+        fig, axes = plt.subplots(len(rounds), args.n, figsize=(1.6 * args.n, 2.0 * len(rounds)),
+                                 squeeze=False)
         for row, k, b in zip(axes, args.rounds, rounds):
             bottom = torch.argsort(b["influence"], stable=True)[:args.n].numpy()
             adv = raw_advantages(b)
             print(f"round {k}: bottom {args.n} records (action, A_hat, influence)")
             for ax, i in zip(row, bottom):
-                draw_minigrid_view(ax, b["obs"][i].numpy(), b["actions"][i], adv[i], b["influence"][i].item())
-                print(f"  record {i:4d}: action {int(b['actions'][i])}  A_hat {adv[i]:+.3f}  I {b['influence'][i]:.3e}")
+                score = b["influence"][i]
+                draw_minigrid_view(ax, b["obs"][i].numpy(), b["actions"][i], adv[i], score.item())
+                print(f"  record {i:4d}: action {int(b['actions'][i])}  A_hat {adv[i]:+.3f}  "
+                      f"I {score:.3e}")
             row[0].set_ylabel(f"k = {k}")
     else:
-        raise SystemExit("analysis.py: error: bottom-records draws FrozenLake and MiniGrid runs")
+        fail("bottom-records draws FrozenLake and MiniGrid runs")
     fig.tight_layout()
     fig.savefig(args.out, dpi=130)
     print(f"wrote {args.out}")
@@ -371,20 +515,36 @@ def spearman(x, y):
     return float(np.corrcoef(rankdata(x), rankdata(y))[0, 1])
 
 
+@dataclass
+class AdvantageDiagnosis:
+    """influence against Monte-Carlo advantage errors (Fig. 3c-d)"""
+    run: str
+    """a FrozenLake iif.py run made with --save-rounds"""
+    round: int = 5
+    """round k"""
+    out: str = "advantage_diagnosis.png"
+    """PNG to write"""
+
+
 def cmd_advantage_diagnosis(args):
     config = load_config(args.run)
     if not config["env_id"].startswith("FrozenLake"):
-        raise SystemExit("analysis.py: error: the buffer's Monte-Carlo advantage needs a FrozenLake run")
+        fail("the buffer's Monte-Carlo advantage needs a FrozenLake run")
     b = load_round(args.run, args.round)
-    states, actions = b["obs"].argmax(1).numpy(), b["actions"].numpy()
-    a_mc = iif.mc_advantage(*(x.reshape(-1, config["num_envs"]) for x in (states, actions, b["rewards"].numpy(),
-                                                                          b["dones"].numpy())), config["gamma"]).ravel()
-    a_hat, score = raw_advantages(b), b["influence"].numpy()
+    states = b["obs"].argmax(1).numpy()
+    actions = b["actions"].numpy()
+    # App. C.4: the Monte-Carlo advantage A_mc from the buffer's own episodes, (steps, envs) arrays
+    columns = (states, actions, b["rewards"].numpy(), b["dones"].numpy())
+    a_mc = iif.mc_advantage(*(x.reshape(-1, config["num_envs"]) for x in columns), config["gamma"])
+    a_mc = a_mc.ravel()
+    a_hat = raw_advantages(b)
+    score = b["influence"].numpy()
     ok = ~np.isnan(a_mc)
     a_mc, a_hat, score = a_mc[ok], a_hat[ok], score[ok]
     order = np.argsort(-score, kind="stable")  # decreasing influence: rank 0 is the top record
     agree = np.sign(a_mc[order]) == np.sign(a_hat[order])
-    n, q = len(order), len(order) // 5
+    n = len(order)
+    q = n // 5
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
     rank = np.arange(n)
     for ax in (ax1, ax2):
@@ -393,12 +553,14 @@ def cmd_advantage_diagnosis(args):
     err = np.abs(a_mc - a_hat)[order]
     ax1.scatter(rank[agree], err[agree], s=3, color="tab:blue", label="signs agree")
     ax1.scatter(rank[~agree], err[~agree], s=3, color="tab:red", label="signs differ")
-    ax1.set(xlabel="record (sorted by decreasing influence)", ylabel="|A_mc - A_hat|", title=f"k = {args.round}")
+    ax1.set(xlabel="record (sorted by decreasing influence)", ylabel="|A_mc - A_hat|",
+            title=f"k = {args.round}")
     ax1.legend(fontsize=7)
     ax2.scatter(rank, (a_mc * a_hat)[order], s=3, color="tab:purple")
     ax2.axhline(0, color="black", linewidth=0.5)
     rho = spearman(score, a_mc * a_hat)
-    rho_rank = spearman(rank, (a_mc * a_hat)[order])  # the paper's Fig. 3d: against the rank, top record first
+    # the paper's Fig. 3d: against the rank, top record first
+    rho_rank = spearman(rank, (a_mc * a_hat)[order])
     ax2.set(xlabel="record (sorted by decreasing influence)", ylabel="A_mc * A_hat",
             title=f"Spearman with the record rank: {rho_rank:.2f}")
     fig.tight_layout()
@@ -406,20 +568,22 @@ def cmd_advantage_diagnosis(args):
     print(f"round {args.round}: {n} records whose (s, a) has a Monte-Carlo estimate")
     print("| records | sign mismatch | mean abs(A_mc - A_hat) | mean A_mc * A_hat |")
     print("|---|---|---|---|")
-    for name, sl in (("top 20 %", slice(0, q)), ("all", slice(0, n)), ("bottom 20 %", slice(n - q, n))):
+    groups = (("top 20 %", slice(0, q)), ("all", slice(0, n)), ("bottom 20 %", slice(n - q, n)))
+    for name, sl in groups:
         prod = (a_mc * a_hat)[order][sl]
         print(f"| {name} | {np.mean(~agree[sl]):.2f} | {err[sl].mean():.3f} | {prod.mean():+.4f} |")
-    print(f"Spearman correlation of A_mc * A_hat with the record rank (top first, Fig. 3d): {rho_rank:.3f}; "
-          f"with the influence itself: {rho:.3f}")
+    print("Spearman correlation of A_mc * A_hat with the record rank (top first, Fig. 3d): "
+          f"{rho_rank:.3f}; with the influence itself: {rho:.3f}")
     print(f"wrote {args.out}")
 
 
 # ---- Sec. 4.2, Fig. 4, 9: behaviour formation ----
 
 def roughness(emb, scores, u):
-    """Roughness (normalised Dirichlet energy, App. C.2) of the L-inf normalised scores on a similarity
-    graph of the records: Gaussian weights exp(-|e_i - e_j|^2 / sigma^2), sigma the median pairwise
-    distance, each record joined to its u nearest neighbours (the union of both directions)."""
+    """Roughness (normalised Dirichlet energy, App. C.2) of the L-inf normalised scores on a
+    similarity graph of the records: Gaussian weights exp(-|e_i - e_j|^2 / sigma^2), sigma the
+    median pairwise distance, each record joined to its u nearest neighbours (the union of both
+    directions)."""
     s = scores / np.abs(scores).max()
     sq = (emb ** 2).sum(1)
     d2 = np.maximum(sq[:, None] + sq[None, :] - 2 * emb @ emb.T, 0.0)
@@ -446,34 +610,62 @@ def embed(agent, obs):
         return agent.actor[:-1](agent.features(obs)).numpy()
 
 
+def saved_rounds(run_dir):
+    """k of every rounds/round_KKKK.pt, in order"""
+    return sorted(int(f[6:10]) for f in os.listdir(os.path.join(run_dir, "rounds")))
+
+
+@dataclass
+class BehaviorFormation:
+    """pi(a*|s*) and the roughness of its top records (Fig. 4, 9)"""
+    run: str
+    """an iif.py run made with --save-rounds"""
+    record: Optional[tuple[int, int]] = None
+    """ROUND INDEX: (s*, a*) = this record of this round (default: the final buffer's record whose
+    log pi(a|s) rose most from the first to the final network)"""
+    neighbours: int = 50
+    """u of the u-nearest-neighbour graph"""
+    phases: tuple[float, ...] = ()
+    """rounds at which to draw phase boundaries"""
+    out: str = "behavior_formation.png"
+    """PNG to write"""
+
+
 def cmd_behavior_formation(args):
     config = load_config(args.run)
-    cfg = argparse.Namespace(**config)
-    rounds = sorted(int(f[6:10]) for f in os.listdir(os.path.join(args.run, "rounds")))
+    cfg = SimpleNamespace(**config)
+    rounds = saved_rounds(args.run)
     final = agent_for(config, torch.load(os.path.join(args.run, "agent.pt")))
     first = agent_for(config, load_round(args.run, rounds[0])["state_dict"])
     k_pick, i_pick = args.record if args.record else (rounds[-1], None)
     b_pick = load_round(args.run, k_pick)
-    if i_pick is None:  # the behaviour that formed most: log pi(a|s) rose most from the first to the final network
+    if i_pick is None:  # the behaviour that formed most: log pi(a|s) rose most from first to final
         with torch.no_grad():
-            rise = final(b_pick["obs"], b_pick["actions"], critic=False)[0] - first(b_pick["obs"], b_pick["actions"],
-                                                                                    critic=False)[0]
-        i_pick = int(rise.argmax())
-    s_star, a_star = b_pick["obs"][i_pick:i_pick + 1], b_pick["actions"][i_pick:i_pick + 1]
-    print(f"target: record {i_pick} of round {k_pick}: action {a_star.tolist()} in state {s_star.flatten().tolist()}")
+            logp_final = final(b_pick["obs"], b_pick["actions"], critic=False)[0]
+            logp_first = first(b_pick["obs"], b_pick["actions"], critic=False)[0]
+        i_pick = int((logp_final - logp_first).argmax())
+    s_star = b_pick["obs"][i_pick:i_pick + 1]
+    a_star = b_pick["actions"][i_pick:i_pick + 1]
+    print(f"target: record {i_pick} of round {k_pick}: action {a_star.tolist()} in state "
+          f"{s_star.flatten().tolist()}")
     print("| round | pi(a*|s*) | positive-influence records | roughness |")
     print("|---|---|---|---|")
-    pis, rough = [], []
+    pis = []
+    rough = []
     for k in rounds:
         b = load_round(args.run, k)
         agent = agent_for(config, b["state_dict"])
         with torch.no_grad():
             pis.append(agent(s_star, a_star, critic=False)[0].exp().item())
-        scores = iif.influence(agent, b, torch.arange(len(b["advantages"])), (s_star, a_star, torch.ones(1)), cfg,
+        # Sec. 4.2: influence on the target f_action = log pi(a*|s*)
+        target = (s_star, a_star, torch.ones(1))
+        scores = iif.influence(agent, b, torch.arange(len(b["advantages"])), target, cfg,
                                iif.scoring_advantages(b, cfg))
         top = torch.nonzero(scores > 0).flatten()
-        rough.append(roughness(embed(final, b["obs"][top]), scores[top].numpy(), args.neighbours)
-                     if len(top) > args.neighbours else float("nan"))
+        rough.append(float("nan"))
+        if len(top) > args.neighbours:
+            emb = embed(final, b["obs"][top])
+            rough[-1] = roughness(emb, scores[top].numpy(), args.neighbours)
         print(f"| {k} | {pis[-1]:.3f} | {len(top)} | {rough[-1]:.4f} |")
     fig, ax = plt.subplots(figsize=(6, 3.4))
     ax.plot(rounds, pis, color="black", label="pi(a*|s*)")
@@ -481,7 +673,7 @@ def cmd_behavior_formation(args):
     ax2 = ax.twinx()
     ax2.plot(rounds, rough, color="tab:red", label="roughness of top records")
     ax2.set_ylabel("roughness", color="tab:red")
-    for edge in args.phases or []:
+    for edge in args.phases:
         ax.axvline(edge, color="gray", linestyle="--", linewidth=0.8)
     fig.legend(loc="upper left", bbox_to_anchor=(0.1, 0.88), fontsize=8)
     fig.tight_layout()
@@ -492,15 +684,16 @@ def cmd_behavior_formation(args):
 # ---- Sec. 4.3, Fig. 5, 10: single-round intervention ----
 
 def retrain(config, b, kept, seed, rng=None, start=None):
-    """theta(k) retrained on the kept records of B(k) by iif.py's Stage III, with a fresh optimizer (exact for
-    SGD, which has no state); minibatches shuffled by rng, by default np.random.default_rng(seed).
-    start: an agent at theta(k) to copy (default: one built from B(k)'s state_dict)."""
-    cfg = argparse.Namespace(**config)
+    """theta(k) retrained on the kept records of B(k) by iif.py's Stage III, with a fresh optimizer
+    (exact for SGD, which has no state); minibatches shuffled by rng, by default
+    np.random.default_rng(seed). start: an agent at theta(k) to copy (default: one built from
+    B(k)'s state_dict)."""
+    cfg = SimpleNamespace(**config)
     agent = agent_for(config, b["state_dict"]) if start is None else copy.deepcopy(start)
     optimizer = iif.make_optimizer(agent, cfg)
     torch.manual_seed(seed)
-    iif.ppo_update(agent, optimizer, b, torch.nonzero(kept).flatten(), cfg,
-                   np.random.default_rng(seed) if rng is None else rng)
+    rng = np.random.default_rng(seed) if rng is None else rng
+    iif.ppo_update(agent, optimizer, b, torch.nonzero(kept).flatten(), cfg, rng)
     return agent
 
 
@@ -509,41 +702,65 @@ def retrain_and_test(config, b, kept, seed, eval_envs, episodes):
     return iif.evaluate(retrain(config, b, kept, seed), eval_envs, episodes, seed + 10_000)[0]
 
 
+def make_test_envs(config, episodes):
+    """Synchronous test environments for a run's config"""
+    return iif.make_vec(SimpleNamespace(**{**config, "async_envs": False}), min(16, episodes))
+
+
+@dataclass
+class Intervention:
+    """retrain one round without its negative records (Fig. 5, 10)"""
+    run: tuple[str, ...]
+    """standard iif.py runs made with --save-rounds (seeds)"""
+    every: int = 1
+    """use every n-th saved round"""
+    episodes: int = 100
+    """test episodes per retrained policy"""
+    out: str = "intervention.png"
+    """PNG to write"""
+
+
 def cmd_intervention(args):
     deltas = defaultdict(lambda: defaultdict(list))  # round -> method -> [delta return]
     for run in args.run:
         config = load_config(run)
-        eval_envs = iif.make_vec(argparse.Namespace(**{**config, "async_envs": False}), min(16, args.episodes))
-        rounds = sorted(int(f[6:10]) for f in os.listdir(os.path.join(run, "rounds")))[::args.every]
-        for k in rounds:
+        eval_envs = make_test_envs(config, args.episodes)
+        for k in saved_rounds(run)[::args.every]:
             b = load_round(run, k)
             scores = b["influence"]
             full = torch.ones(len(scores), dtype=torch.bool)
             no_negative = scores >= 0
-            random_drop, _ = iif.filter_records(scores, "random", 1.0, torch.Generator().manual_seed(k))
+            gen = torch.Generator().manual_seed(k)
+            random_drop, _ = iif.filter_records(scores, "random", 1.0, gen)
             base = retrain_and_test(config, b, full, k, eval_envs, args.episodes)
-            deltas[k]["IIF"].append(retrain_and_test(config, b, no_negative, k, eval_envs, args.episodes) - base)
-            deltas[k]["Random"].append(retrain_and_test(config, b, random_drop, k, eval_envs, args.episodes) - base)
+            r_iif = retrain_and_test(config, b, no_negative, k, eval_envs, args.episodes)
+            deltas[k]["IIF"].append(r_iif - base)
+            r_random = retrain_and_test(config, b, random_drop, k, eval_envs, args.episodes)
+            deltas[k]["Random"].append(r_random - base)
         eval_envs.close()
     rounds = sorted(deltas)
-    print("| round | runs | mean delta return, negatives dropped | mean delta return, random drop |")
+    print("| round | runs | mean delta return, negatives dropped "
+          "| mean delta return, random drop |")
     print("|---|---|---|---|")
     for k in rounds:
         d = deltas[k]
         print(f"| {k} | {len(d['IIF'])} | {np.mean(d['IIF']):+.3f} | {np.mean(d['Random']):+.3f} |")
     all_iif = np.concatenate([deltas[k]["IIF"] for k in rounds])
     all_rand = np.concatenate([deltas[k]["Random"] for k in rounds])
-    print(f"over all rounds and runs: negatives dropped {all_iif.mean():+.3f} (better in {np.mean(all_iif > 0):.0%}), "
-          f"random drop {all_rand.mean():+.3f} (better in {np.mean(all_rand > 0):.0%})")
+    print(f"over all rounds and runs: negatives dropped {all_iif.mean():+.3f} "
+          f"(better in {np.mean(all_iif > 0):.0%}), random drop {all_rand.mean():+.3f} "
+          f"(better in {np.mean(all_rand > 0):.0%})")
     fig, ax = plt.subplots(figsize=(max(5.0, 0.5 * len(rounds)), 3.4))
     for offset, method, color in ((-0.18, "IIF", "tab:red"), (0.18, "Random", "tab:gray")):
-        ax.boxplot([deltas[k][method] for k in rounds], positions=np.arange(len(rounds)) + offset, widths=0.3,
-                   patch_artist=True, boxprops=dict(facecolor=color, alpha=0.5), medianprops=dict(color="black"))
+        ax.boxplot([deltas[k][method] for k in rounds], positions=np.arange(len(rounds)) + offset,
+                   widths=0.3, patch_artist=True, boxprops=dict(facecolor=color, alpha=0.5),
+                   medianprops=dict(color="black"))
         label = {"IIF": "negatives dropped", "Random": "random drop"}[method]
         ax.plot([], [], color=color, linewidth=6, alpha=0.5, label=label)
     ax.axhline(0, color="tab:red", linestyle="--", linewidth=0.8)
     ax.set_xticks(np.arange(len(rounds)), [str(k) for k in rounds])
-    ax.set(xlabel="round", ylabel="delta test return", title=f"{config['env_id']}: single-round intervention")
+    ax.set(xlabel="round", ylabel="delta test return",
+           title=f"{config['env_id']}: single-round intervention")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(args.out, dpi=130)
@@ -553,52 +770,59 @@ def cmd_intervention(args):
 # ---- Counterfactual check: the linear datamodeling score (LDS; Park et al., TRAK, 2023) ----
 
 def f_return(agent, b, config):
-    """f_return(theta) on B(k), weighted by the A_hat the run's scores used (--target-adv; --adv-norm buffer
-    saves the normalised A_hat, so the raw one is returns - values)."""
+    """f_return(theta) on B(k), weighted by the A_hat the run's scores used (--target-adv;
+    --adv-norm buffer saves the normalised A_hat, so the raw one is returns - values)."""
     raw = b["returns"] - b["values"] if config["adv_norm"] == "buffer" else b["advantages"]
     weights = raw if config["target_adv"] == "raw" else iif.normalize(raw)
+    params = dict(agent.named_parameters())
     with torch.no_grad():
-        return iif.target_fn(agent, dict(agent.named_parameters()), b["obs"], b["actions"], weights).item()
+        return iif.target_fn(agent, params, b["obs"], b["actions"], weights).item()
 
 
 def update_scale(config):
-    """First-order change of f per unit of summed influence over one round, or None for Adam. SGD: each of the
-    E epochs visits a record once, in a step of lr / minibatch_size x its loss gradient, so
-    delta f ~ lr x E / minibatch_size x sum_i I_i. Adam rescales every step by its moment estimates: not linear."""
+    """First-order change of f per unit of summed influence over one round, or None for Adam.
+    SGD: each of the E epochs visits a record once, in a step of lr / minibatch_size x its loss
+    gradient, so delta f ~ lr x E / minibatch_size x sum_i I_i. Adam rescales every step by its
+    moment estimates: not linear."""
     if config["optimizer"] != "sgd":
         return None
     return config["learning_rate"] * config["update_epochs"] / config["minibatch_size"]
 
 
 def subset_masks(n, m, fraction, k):
-    """m random subsets of round k's n records, each of round(fraction x n); subset j is drawn from seed (k, j)."""
+    """m random subsets of round k's n records, each of round(fraction x n); subset j is drawn
+    from seed (k, j)."""
     masks = torch.zeros(m, n, dtype=torch.bool)
     for j in range(m):
-        masks[j, torch.as_tensor(np.random.default_rng([k, j]).choice(n, round(fraction * n), replace=False))] = True
+        chosen = np.random.default_rng([k, j]).choice(n, round(fraction * n), replace=False)
+        masks[j, torch.as_tensor(chosen)] = True
     return masks
 
 
 def round_scorers(b, k):
-    """The scores each scorer gives B(k)'s records: snapshot (at theta(k)), tracin (summed over the round's
-    steps, from --influence-mode tracin runs) and random (a floor)."""
+    """The scores each scorer gives B(k)'s records: snapshot (at theta(k)), tracin (summed over
+    the round's steps, from --influence-mode tracin runs) and random (a floor)."""
     scorers = {"snapshot": b["influence"].double()}
     if b.get("influence_tracin") is not None:
         scorers["tracin"] = b["influence_tracin"].double()
-    scorers["random"] = torch.from_numpy(np.random.default_rng([k, 1_000_003]).standard_normal(len(b["influence"])))
+    noise = np.random.default_rng([k, 1_000_003]).standard_normal(len(b["influence"]))
+    scorers["random"] = torch.from_numpy(noise)
     return scorers
 
 
 def counterfactual_round(config, b, k, m, fraction, eval_envs=None, episodes=0):
-    """Retrain round k from theta(k) on m random subsets of B(k), with the same minibatch seed k for every
-    subset, and on the full buffer. Returns f_return at theta(k), after the full-buffer round and after each
-    subset's round, the subsets' test returns (with episodes), the masks, the scores and each scorer's
-    predictions (summed scores over the subset) and LDS (their Spearman correlation with the outcomes)."""
+    """Retrain round k from theta(k) on m random subsets of B(k), with the same minibatch seed k
+    for every subset, and on the full buffer. Returns f_return at theta(k), after the full-buffer
+    round and after each subset's round, the subsets' test returns (with episodes), the masks, the
+    scores and each scorer's predictions (summed scores over the subset) and LDS (their Spearman
+    correlation with the outcomes)."""
     scorers = round_scorers(b, k)
     n = len(b["influence"])
     masks = subset_masks(n, m, fraction, k)
     start = agent_for(config, b["state_dict"])
-    out = dict(f0=f_return(start, b, config), masks=masks, scores=scorers, f=[], test=[],
-               f_full=f_return(retrain(config, b, torch.ones(n, dtype=torch.bool), k, start=start), b, config))
+    f0 = f_return(start, b, config)
+    full = retrain(config, b, torch.ones(n, dtype=torch.bool), k, start=start)
+    out = dict(f0=f0, masks=masks, scores=scorers, f=[], test=[], f_full=f_return(full, b, config))
     for mask in masks:
         agent = retrain(config, b, mask, k, start=start)
         out["f"].append(f_return(agent, b, config))
@@ -607,80 +831,112 @@ def counterfactual_round(config, b, k, m, fraction, eval_envs=None, episodes=0):
     out["f"] = np.array(out["f"])
     out["pred"] = {name: (masks.double() @ s).numpy() for name, s in scorers.items()}
     out["lds"] = {name: spearman(p, out["f"]) for name, p in out["pred"].items()}
-    out["lds_test"] = {name: spearman(p, np.array(out["test"])) for name, p in out["pred"].items()} if episodes else {}
+    out["lds_test"] = {}
+    if episodes:
+        out["lds_test"] = {name: spearman(p, np.array(out["test"]))
+                           for name, p in out["pred"].items()}
     return out
 
 
 def group_check(config, b, k, f_full):
-    """The bottom-p set IIF drops from B(k) (the run's --filter-p and --filter-ties): the summed snapshot
-    scores of the dropped records and the actual change of f_return when the round is retrained without them."""
+    """The bottom-p set IIF drops from B(k) (the run's --filter-p and --filter-ties): the summed
+    snapshot scores of the dropped records and the actual change of f_return when the round is
+    retrained without them."""
     scores = b["influence"]
-    kept, _ = iif.filter_records(scores, "influence", config["filter_p"], None, ties=config["filter_ties"])
+    kept, _ = iif.filter_records(scores, "influence", config["filter_p"], None,
+                                 ties=config["filter_ties"])
     dropped = float(scores[~kept].double().sum())
     return dict(n_dropped=int((~kept).sum()), dropped_sum=dropped,
                 actual=f_return(retrain(config, b, kept, k), b, config) - f_full)
 
 
+@dataclass
+class Counterfactual:
+    """LDS: summed influence against retraining on random subsets"""
+    run: str
+    """an iif.py run made with --save-rounds (target f_return)"""
+    rounds: tuple[int, ...]
+    """rounds k to retrain"""
+    subsets: int = 50
+    """random subsets M per round"""
+    fraction: float = 0.5
+    """fraction F of B(k)'s records in each subset"""
+    episodes: int = 0
+    """also test each retrained policy on this many episodes"""
+    out: str = "counterfactual.png"
+    """PNG to write"""
+
+
 def cmd_counterfactual(args):
     config = load_config(args.run)
     if config["target"] != "f_return":
-        raise SystemExit("analysis.py: error: counterfactual measures f_return: the run's scores are on "
-                         f"{config['target']}")
-    eval_envs = iif.make_vec(argparse.Namespace(**{**config, "async_envs": False}), min(16, args.episodes)) \
-        if args.episodes else None
+        fail(f"counterfactual measures f_return: the run's scores are on {config['target']}")
+    eval_envs = make_test_envs(config, args.episodes) if args.episodes else None
     scale = update_scale(config)
-    results, groups = {}, {}
+    results = {}
+    groups = {}
     for k in args.rounds:
         b = load_round(args.run, k)
-        results[k] = counterfactual_round(config, b, k, args.subsets, args.fraction, eval_envs, args.episodes)
+        results[k] = counterfactual_round(config, b, k, args.subsets, args.fraction, eval_envs,
+                                          args.episodes)
         groups[k] = group_check(config, b, k, results[k]["f_full"])
         groups[k]["full_sum"] = float(b["influence"].double().sum())
     if eval_envs is not None:
         eval_envs.close()
     scorers = list(results[args.rounds[0]]["lds"])
-    print(f"{config['env_id']}: {args.subsets} subsets of {args.fraction:.0%} of B(k) per round; outcome f_return on "
-          f"B(k) after retraining round k ({config['optimizer']}, lr {config['learning_rate']}, "
-          f"{config['update_epochs']} epochs, minibatch {config['minibatch_size']})")
-    print("\n| scorer | round | LDS |" + (" LDS on test return |" if args.episodes else ""))
-    print("|---|---|---|" + ("---|" if args.episodes else ""))
+    print(f"{config['env_id']}: {args.subsets} subsets of {args.fraction:.0%} of B(k) per round; "
+          f"outcome f_return on B(k) after retraining round k ({config['optimizer']}, "
+          f"lr {config['learning_rate']}, {config['update_epochs']} epochs, "
+          f"minibatch {config['minibatch_size']})")
+    test = bool(args.episodes)  # a column of LDS on the test return too
+    print("\n| scorer | round | LDS |" + (" LDS on test return |" if test else ""))
+    print("|---|---|---|" + ("---|" if test else ""))
     for name in scorers:
         for k in args.rounds:
             print(f"| {name} | {k} | {results[k]['lds'][name]:+.3f} |"
-                  + (f" {results[k]['lds_test'][name]:+.3f} |" if args.episodes else ""))
-        print(f"| {name} | mean | {np.mean([results[k]['lds'][name] for k in args.rounds]):+.3f} |"
-              + (f" {np.mean([results[k]['lds_test'][name] for k in args.rounds]):+.3f} |" if args.episodes else ""))
-    unit = "scaled by lr x epochs / minibatch" if scale else "summed scores (Adam: not first-order linear)"
-    print(f"\nGroup check: the records IIF drops (p = {config['filter_p']}); predicted change of f = -(their summed "
-          f"snapshot scores), {unit}; actual = f after the round without them - f after the full round. "
-          "Full round: the same for all records against f(theta(k)).")
-    print("| round | dropped | predicted delta f | actual delta f | full round: predicted | full round: actual |")
+                  + (f" {results[k]['lds_test'][name]:+.3f} |" if test else ""))
+        mean = np.mean([results[k]["lds"][name] for k in args.rounds])
+        mean_test = np.mean([results[k]["lds_test"][name] for k in args.rounds]) if test else 0
+        print(f"| {name} | mean | {mean:+.3f} |" + (f" {mean_test:+.3f} |" if test else ""))
+    unit = "scaled by lr x epochs / minibatch"
+    if not scale:
+        unit = "summed scores (Adam: not first-order linear)"
+    print(f"\nGroup check: the records IIF drops (p = {config['filter_p']}); predicted change of "
+          f"f = -(their summed snapshot scores), {unit}; actual = f after the round without them - "
+          "f after the full round. Full round: the same for all records against f(theta(k)).")
+    print("| round | dropped | predicted delta f | actual delta f | full round: predicted "
+          "| full round: actual |")
     print("|---|---|---|---|---|---|")
     s = scale or 1.0
     for k in args.rounds:
-        g, r = groups[k], results[k]
+        g = groups[k]
+        r = results[k]
         print(f"| {k} | {g['n_dropped']} | {-s * g['dropped_sum']:+.3e} | {g['actual']:+.3e} | "
               f"{s * g['full_sum']:+.3e} | {r['f_full'] - r['f0']:+.3e} |")
     pred = np.array([-s * groups[k]["dropped_sum"] for k in args.rounds])
     actual = np.array([groups[k]["actual"] for k in args.rounds])
     if len(args.rounds) > 2:
-        print(f"over rounds: Pearson {np.corrcoef(pred, actual)[0, 1]:+.3f}, Spearman {spearman(pred, actual):+.3f}"
-              + (f", actual / predicted {np.median(actual / pred):.2f} (median)" if scale else ""))
+        ratio = f", actual / predicted {np.median(actual / pred):.2f} (median)" if scale else ""
+        print(f"over rounds: Pearson {np.corrcoef(pred, actual)[0, 1]:+.3f}, "
+              f"Spearman {spearman(pred, actual):+.3f}" + ratio)
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     colors = {"snapshot": "tab:red", "tracin": "tab:purple", "random": "tab:gray"}
     for name in scorers:
-        axes[0].plot(args.rounds, [results[k]["lds"][name] for k in args.rounds], "o-", color=colors[name],
-                     label=name)
+        lds = [results[k]["lds"][name] for k in args.rounds]
+        axes[0].plot(args.rounds, lds, "o-", color=colors[name], label=name)
     axes[0].axhline(0, color="black", linewidth=0.6)
     axes[0].set_xticks(args.rounds)
     axes[0].set(xlabel="round k", ylabel="LDS (Spearman)", ylim=(-1.05, 1.05),
                 title=f"LDS over {args.subsets} subsets of {args.fraction:.0%}")
     axes[0].legend(fontsize=8)
     cmap = plt.get_cmap("viridis")
-    for i, k in enumerate(args.rounds):  # each subset: predicted against actual change from the full-buffer round
+    # each subset: predicted against actual change from the full-buffer round
+    for i, k in enumerate(args.rounds):
         r = results[k]
         x = s * (r["pred"]["snapshot"] - float(r["scores"]["snapshot"].sum()))
-        axes[1].scatter(x, r["f"] - r["f_full"], s=8, color=cmap(i / max(1, len(args.rounds) - 1)), label=f"k={k}")
+        color = cmap(i / max(1, len(args.rounds) - 1))
+        axes[1].scatter(x, r["f"] - r["f_full"], s=8, color=color, label=f"k={k}")
     axes[1].set(xlabel="predicted delta f (snapshot)", ylabel="actual delta f",
                 title="subsets against the full round")
     axes[1].legend(fontsize=7, markerscale=2)
@@ -690,81 +946,37 @@ def cmd_counterfactual(args):
     for ax in axes[1:] if scale else []:
         lo, hi = ax.get_xlim()
         ax.plot([lo, hi], [lo, hi], color="black", linestyle="--", linewidth=0.8, label="y = x")
-    axes[2].set(xlabel="predicted delta f" + ("" if scale else " (summed scores)"), ylabel="actual delta f",
-                title="dropping IIF's bottom records")
+    axes[2].set(xlabel="predicted delta f" + ("" if scale else " (summed scores)"),
+                ylabel="actual delta f", title="dropping IIF's bottom records")
     fig.suptitle(f"{config['env_id']}: counterfactual check of the snapshot influence", fontsize=10)
     fig.tight_layout()
     fig.savefig(args.out, dpi=130)
     print(f"wrote {args.out}")
 
 
+COMMANDS = {  # subcommand: (its flags, what it runs)
+    "curves": (Curves, cmd_curves),
+    "efficiency": (Efficiency, cmd_efficiency),
+    "ablation": (Ablation, cmd_ablation),
+    "bottom-records": (BottomRecords, cmd_bottom_records),
+    "advantage-diagnosis": (AdvantageDiagnosis, cmd_advantage_diagnosis),
+    "behavior-formation": (BehaviorFormation, cmd_behavior_formation),
+    "intervention": (Intervention, cmd_intervention),
+    "counterfactual": (Counterfactual, cmd_counterfactual),
+    "rlhf": (Rlhf, cmd_rlhf),
+}
+
+
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("curves", help="test return over rounds, mean and std band over seeds (Fig. 6a, 13)")
-    p.add_argument("--runs", default="results/runs", help="folder of <env>__<label>__<seed> runs")
-    p.add_argument("--env", nargs="+", required=True, help="env ids, one panel each")
-    p.add_argument("--labels", nargs="*", help="labels to draw (default: all found)")
-    p.add_argument("--out", default="curves.png", help="PNG to write")
-    p.set_defaults(fn=cmd_curves)
-    p = sub.add_parser("efficiency", help="SE_ave, SE_peak, RT_peak and the runtime breakdown (Fig. 6b, Table 3)")
-    p.add_argument("--runs", default="results/runs", help="folder of <env>__<label>__<seed> runs")
-    p.add_argument("--env", nargs="+", required=True, help="env ids")
-    p.add_argument("--label", default="influence", help="label compared with standard PPO ('none')")
-    p.add_argument("--at", type=float, nargs="*", help="also print SE(v) at these test-return levels v")
-    p.set_defaults(fn=cmd_efficiency)
-    p = sub.add_parser("ablation", help="SE_ave, SE_peak, RT_peak and standard PPO's returns, one row per recipe")
-    p.add_argument("--runs", default="results/ablation", help="folder of one <recipe>/ folder of runs per recipe")
-    p.add_argument("--variants", nargs="+", required=True, help="recipe folders, one row each")
-    p.add_argument("--env", nargs="+", required=True, help="env ids")
-    p.add_argument("--at-round", type=int, default=10, help="also print standard PPO's test return after this round")
-    p.add_argument("--complete", nargs="*", default=[], metavar="ENV=ROUNDS",
-                   help="count only seeds whose two runs hold this many rounds (unfinished runs are skipped)")
-    p.set_defaults(fn=cmd_ablation)
-    p = sub.add_parser("bottom-records", help="bottom records of FrozenLake (map) or MiniGrid (views) (Fig. 3a-b, 8)")
-    p.add_argument("--run", required=True, help="an iif.py run made with --save-rounds")
-    p.add_argument("--rounds", type=int, nargs="+", default=[2, 5, 10], help="rounds k to draw")
-    p.add_argument("--n", type=int, default=100, help="how many bottom records (FrozenLake; MiniGrid: views a row)")
-    p.add_argument("--out", default="bottom_records.png", help="PNG to write")
-    p.set_defaults(fn=cmd_bottom_records)
-    p = sub.add_parser("advantage-diagnosis", help="influence against Monte-Carlo advantage errors (Fig. 3c-d)")
-    p.add_argument("--run", required=True, help="a FrozenLake iif.py run made with --save-rounds")
-    p.add_argument("--round", type=int, default=5, help="round k")
-    p.add_argument("--out", default="advantage_diagnosis.png", help="PNG to write")
-    p.set_defaults(fn=cmd_advantage_diagnosis)
-    p = sub.add_parser("behavior-formation", help="pi(a*|s*) and the roughness of its top records (Fig. 4, 9)")
-    p.add_argument("--run", required=True, help="an iif.py run made with --save-rounds")
-    p.add_argument("--record", type=int, nargs=2, metavar=("ROUND", "INDEX"),
-                   help="(s*, a*) = this record of this round (default: the final buffer's record whose "
-                        "log pi(a|s) rose most from the first to the final network)")
-    p.add_argument("--neighbours", type=int, default=50, help="u of the u-nearest-neighbour graph")
-    p.add_argument("--phases", type=float, nargs="*", help="rounds at which to draw phase boundaries")
-    p.add_argument("--out", default="behavior_formation.png", help="PNG to write")
-    p.set_defaults(fn=cmd_behavior_formation)
-    p = sub.add_parser("intervention", help="retrain one round without its negative records (Fig. 5, 10)")
-    p.add_argument("--run", nargs="+", required=True, help="standard iif.py runs made with --save-rounds (seeds)")
-    p.add_argument("--every", type=int, default=1, help="use every n-th saved round")
-    p.add_argument("--episodes", type=int, default=100, help="test episodes per retrained policy")
-    p.add_argument("--out", default="intervention.png", help="PNG to write")
-    p.set_defaults(fn=cmd_intervention)
-    p = sub.add_parser("counterfactual", help="LDS: summed influence against retraining on random subsets")
-    p.add_argument("--run", required=True, help="an iif.py run made with --save-rounds (target f_return)")
-    p.add_argument("--rounds", type=int, nargs="+", required=True, help="rounds k to retrain")
-    p.add_argument("--subsets", type=int, default=50, help="random subsets M per round")
-    p.add_argument("--fraction", type=float, default=0.5, help="fraction F of B(k)'s records in each subset")
-    p.add_argument("--episodes", type=int, default=0, help="also test each retrained policy on this many episodes")
-    p.add_argument("--out", default="counterfactual.png", help="PNG to write")
-    p.set_defaults(fn=cmd_counterfactual)
-    p = sub.add_parser("rlhf", help="rlhf_iif.py runs: reward, test toxicity, runtime (Fig. 7, Table 4)")
-    p.add_argument("--runs", default="results/runs", help="folder of <env>__<label>__<seed> runs")
-    p.add_argument("--env", default="rlhf-toy", help="the runs' name prefix")
-    p.add_argument("--smooth", type=int, default=5, help="rounds in the trailing mean of the reward")
-    p.add_argument("--out", default="rlhf.png", help="PNG to write")
-    p.set_defaults(fn=cmd_rlhf)
-    args = parser.parse_args()
+    flags = {name: cls for name, (cls, _) in COMMANDS.items()}
+    args = tyro.extras.subcommand_cli_from_dict(flags, description=__doc__.splitlines()[0])
+    for key in ("env", "variants", "rounds", "run"):  # lists that need at least one value
+        if getattr(args, key, None) == ():
+            fail(f"--{key} needs at least one value")
     torch.set_num_threads(1)
     torch.distributions.Distribution.set_default_validate_args(False)
-    args.fn(args)
+    run = dict(COMMANDS.values())[type(args)]
+    run(args)
 
 
 if __name__ == "__main__":

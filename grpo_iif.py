@@ -1,4 +1,4 @@
-"""GRPO with Iterative Influence-based Filtering (IIF), on TRL's GRPOTrainer, in one file.
+r"""GRPO with Iterative Influence-based Filtering (IIF), on TRL's GRPOTrainer, in one file.
 
 The detoxification setup of rlhf_iif.py, trained with GRPO instead of PPO: a causal LM continues
 toxic prompts, a hate-speech classifier's label logit on the continuation is the reward, and each
@@ -8,8 +8,20 @@ IIFGRPOTrainer scores each completion by its influence on a target f at the curr
 drops the harmful ones, and hands the rest to TRL's ordinary GRPO update (Alg. 1 of the paper, GRPO
 as the learner). Test toxicity is measured as in rlhf_iif.py.
 
+The paper's setup (gpt-neo-2.7B, hub models and data sets, GPUs):
+
     python grpo_iif.py --filter-method influence
     accelerate launch grpo_iif.py --filter-method influence   # several GPUs or nodes, unchanged
+
+Offline on a CPU, the toy task of results/grpo_toy.sh (built once, about 3 minutes):
+
+    python benchmarks/rlhf_toy_task.py --out results/rlhf_toy_task
+    T=results/rlhf_toy_task
+    python grpo_iif.py --model-name $T/policy --reward-model $T/reward --dataset $T/prompts.jsonl \
+        --eval-dataset $T/wiki_toxic.jsonl --eval-reward-model $T/eval_reward --eval-samples 200 \
+        --num-generations 8 --batch-size 64 --mini-batch-size 16 --learning-rate 3e-4 --beta 0.2 \
+        --max-steps 240 --validation-size 8 --use-cpu --threads 1 --logging-steps 100 \
+        --filter-method influence --runs-dir results/runs --run-name grpo-toy__influence__1
 
 Under accelerate (DDP) every process generates and scores its slice of the generation batch; the
 target gradient is averaged over processes and the scores are gathered, so the filter ranks the
@@ -170,7 +182,8 @@ def load_prompts(args, tokenizer):
     rng = np.random.default_rng(args.seed)
     prompts = []
     for row in rows:
-        p, c = row["prompt"], row.get("continuation") or {}
+        p = row["prompt"]
+        c = row.get("continuation") or {}
         if p.get("toxicity") is None or p["toxicity"] <= args.min_prompt_toxicity:
             continue
         ids = tokenizer(p["text"] + (c.get("text") or ""))["input_ids"]
@@ -179,7 +192,8 @@ def load_prompts(args, tokenizer):
             prompts.append(tokenizer.decode(ids[:n]))
     order = rng.permutation(len(prompts))
     n_held = int(args.held_out_fraction * len(prompts))
-    train, held = [prompts[i] for i in order[n_held:]], [prompts[i] for i in order[:n_held]]
+    train = [prompts[i] for i in order[n_held:]]
+    held = [prompts[i] for i in order[:n_held]]
     n_batch = args.batch_size // args.num_generations
     if len(train) < n_batch:
         fail(f"--dataset {args.dataset!r} has {len(train)} training prompts with toxicity > "
@@ -283,8 +297,10 @@ def influence(model, b, t, args, reduce=lambda g: g):
         grads = [a if gi is None else a + gi for a, gi in zip(grads, g)]
     flat = reduce(torch.cat([g.flatten() for g in grads]))
     grads = flat.split([p.numel() for p in params.values()])
+    # torch.autograd.forward_ad, not torch.func.jvp as in iif.py: on these language models (LoRA,
+    # CPU) jvp took 10-20 % longer for the same scores. Fused attention kernels have no
+    # forward-mode AD, the math one does.
     scores = []
-    # fused attention kernels have no forward-mode AD, the math one does
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), fwAD.dual_level():
         duals = {n: fwAD.make_dual(p.detach(), g.view_as(p))
                  for (n, p), g in zip(params.items(), grads)}
@@ -298,9 +314,14 @@ def filter_records(scores, method, p, gen):
     influence <= 0 (p None), or the floor(p x n_negative) most negative ones, ties broken by buffer
     order; 'random' drops as many uniformly at random."""
     kept = torch.ones(len(scores), dtype=torch.bool)
-    n_drop = int((scores <= 0).sum()) if p is None else int(p * int((scores < 0).sum()) + 1e-9)
-    order = torch.argsort(scores, stable=True) if method == "influence" else \
-        torch.randperm(len(scores), generator=gen)
+    if p is None:
+        n_drop = int((scores <= 0).sum())
+    else:
+        n_drop = int(p * int((scores < 0).sum()) + 1e-9)
+    if method == "influence":
+        order = torch.argsort(scores, stable=True)
+    else:
+        order = torch.randperm(len(scores), generator=gen)
     kept[order[:n_drop]] = False
     return kept
 
@@ -309,15 +330,18 @@ def filter_records(scores, method, p, gen):
 def sample_continuations(model, queries, tokenizer, args, bs=64):
     """Continuations of the token-id queries, sampled from pi_theta itself as in training, bs
     prompts per generate() call; each is its text up to its first EOS"""
-    device, texts = next(model.parameters()).device, []
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id
+    eos = tokenizer.eos_token_id
+    texts = []
     for i in range(0, len(queries), bs):
         q = queries[i:i + bs]
         P = max(map(len, q))
         ids = torch.full((len(q), P), pad, dtype=torch.long)
         attn = torch.zeros_like(ids)
         for j, x in enumerate(q):
-            ids[j, P - len(x):], attn[j, P - len(x):] = torch.tensor(x), 1
+            ids[j, P - len(x):] = torch.tensor(x)
+            attn[j, P - len(x):] = 1
         # every knob a model's generation_config may set is neutralised here
         out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
                              do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
@@ -358,12 +382,16 @@ def make_trainer_class():
 
         def __init__(self, *a, iif_args, validation_prompts=(), evaluation=None, **kw):
             super().__init__(*a, **kw)
-            self.iif_args, self.validation_prompts = iif_args, list(validation_prompts)
+            self.iif_args = iif_args
+            self.validation_prompts = list(validation_prompts)
             self.evaluation = evaluation  # (the test classifier, the test prompts), or None
             self.writer = None  # (csv.DictWriter, its file), set by main
             self.iif_gen = torch.Generator().manual_seed(iif_args.seed)  # same on every process
-            self.t_gen, self.rewards, self.row = 0.0, None, None
-            self.t_stage2_end, self.n_rounds = 0.0, 0
+            self.t_gen = 0.0  # generation and reward time of the current generation batch
+            self.rewards = None  # its rewards, every process's
+            self.row = None  # its metrics.csv row, written once its update is over
+            self.t_stage2_end = 0.0  # when Stage II ended: the update's time runs from there
+            self.n_rounds = 0
 
         def _generate(self, prompts):
             t0 = timer()
@@ -381,12 +409,15 @@ def make_trainer_class():
             if not self.model.training:
                 return super()._generate_and_score_completions(inputs)
             self.write_row()  # the previous generation batch's update is over
-            args, acc = self.iif_args, self.accelerator
+            args = self.iif_args
+            acc = self.accelerator
 
             # Stage I (Alg. 1): generation batch B(k) at theta(k): completions, rewards, advantages
-            t0, self.t_gen = timer(), 0.0
+            t0 = timer()
+            self.t_gen = 0.0
             b = super()._generate_and_score_completions(inputs)
-            t_generate, t_forward = self.t_gen, timer() - t0 - self.t_gen
+            t_generate = self.t_gen
+            t_forward = timer() - t0 - self.t_gen
             rewards = self.rewards[:, 0]
 
             # Stage II (Alg. 1): score completions at theta(k) (Sec. 5.1, 5.3), drop harmful ones
@@ -425,13 +456,15 @@ def make_trainer_class():
         def validation_batch(self):
             """Fresh completions (with rewards, advantages, reference log-probs) of the held-out
             prompts, this process's share; kept out of TRL's logs"""
-            G, acc = self.num_generations, self.accelerator
+            G = self.num_generations
+            acc = self.accelerator
             rows = [{"prompt": p} for p in self.validation_prompts for _ in range(G)]
             n = len(rows) // acc.num_processes
             saved = (self._metrics["train"], self._logs, self.state.num_input_tokens_seen,
                      self.rewards)
             # scratch logs, dropped afterwards
-            self._metrics["train"], self._logs = defaultdict(list), copy.deepcopy(self._logs)
+            self._metrics["train"] = defaultdict(list)
+            self._logs = copy.deepcopy(self._logs)
             try:
                 return super()._generate_and_score_completions(rows[acc.process_index * n:][:n])
             finally:
@@ -444,8 +477,11 @@ def make_trainer_class():
             main process"""
             if self.row is None:
                 return
-            r, args = self.row, self.iif_args
-            r["t_optim"], r["eval_toxicity"], r["t_eval"] = timer() - self.t_stage2_end, "", 0.0
+            r = self.row
+            args = self.iif_args
+            r["t_optim"] = timer() - self.t_stage2_end
+            r["eval_toxicity"] = ""
+            r["t_eval"] = 0.0
             if self.writer is not None and self.accelerator.is_main_process:
                 if self.evaluation and ((r["round"] + 1) % args.eval_every == 0 or last):
                     t0 = timer()

@@ -1,4 +1,4 @@
-"""RLHF with PPO and Iterative Influence-based Filtering (IIF), in one file (Sec. 5.3 of the paper).
+r"""RLHF with PPO and Iterative Influence-based Filtering (IIF), in one file (paper, Sec. 5.3).
 
 The TRL "detoxifying a language model" setup: a causal LM continues toxic prompts, a hate-speech
 classifier scores each continuation, and PPO with a per-token KL penalty to the initial model raises
@@ -7,7 +7,18 @@ buffer by its influence on a sequence-level target f_seq, drops the harmful ones
 rest (Alg. 1). TRL no longer ships a PPO trainer (its classic PPOTrainer.step ended with TRL 0.11),
 so the PPO step for language models is written out below, following TRL 0.11's.
 
+The paper's run (gpt-neo-2.7B, hub models and data sets, a GPU):
+
     python rlhf_iif.py --filter-method influence
+
+Offline on a CPU, the toy task of results/rlhf_toy.sh (built once, about 3 minutes):
+
+    python benchmarks/rlhf_toy_task.py --out results/rlhf_toy_task
+    T=results/rlhf_toy_task
+    python rlhf_iif.py --model-name $T/policy --reward-model $T/reward --dataset $T/prompts.jsonl \
+        --eval-dataset $T/wiki_toxic.jsonl --eval-reward-model $T/eval_reward --eval-samples 200 \
+        --batch-size 64 --learning-rate 3e-4 --init-kl-coef 0.2 --rounds 30 --threads 1 \
+        --filter-method influence --runs-dir results/runs --run-name rlhf-toy__influence__1
 """
 import contextlib
 import copy
@@ -21,9 +32,9 @@ from typing import Literal, Optional
 
 import numpy as np
 import torch
+import torch.autograd.forward_ad as fwAD
 import torch.nn as nn
 import tyro
-import torch.autograd.forward_ad as fwAD
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -31,9 +42,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 @dataclass
 class Args:
     model_name: str = "EleutherAI/gpt-neo-2.7B"
-    """policy: a causal LM on the hub or a local folder (the frozen reference is its initial state)"""
+    """policy: a causal LM, hub name or local folder; the frozen reference is its initial state"""
     reward_model: str = "facebook/roberta-hate-speech-dynabench-r4-target"
-    """classifier whose --reward-label logit on the continuation alone is the reward"""
+    """classifier whose --reward-label logit on the continuation (without the prompt) is the
+    reward"""
     reward_label: str = "nothate"
     """label of --reward-model whose raw logit is the reward"""
     dataset: str = "allenai/real-toxicity-prompts"
@@ -58,13 +70,14 @@ class Args:
     prompt_max_tokens: int = 15
     """see --prompt-min-tokens"""
     gen_tokens: int = 30
-    """tokens sampled per continuation, fewer if EOS comes first (top_k 0, top_p 1, temperature 1: the
-    policy's own distribution)"""
+    """tokens sampled per continuation, fewer if EOS comes first (top_k 0, top_p 1, temperature 1:
+    the policy's own distribution)"""
     held_out_fraction: float = 0.2
-    """prompts held out of training (TRL's example split); --target-data validation draws from them"""
+    """prompts held out of training (TRL's example split), for --target-data validation"""
 
-    # PPO for language models (TRL 0.11's defaults and the paper's batch settings; the KL settings are the
-    # released code's: TRL's defaults, which App. B.3 implies, are --init-kl-coef 0.2 --kl-target 6)
+    # PPO for language models (TRL 0.11's defaults and the paper's batch settings; the KL settings
+    # are the released code's: TRL's defaults, which App. B.3 implies, are --init-kl-coef 0.2
+    # --kl-target 6)
     batch_size: int = 256
     """episodes a round: the rollout buffer B(k)"""
     mini_batch_size: int = 1
@@ -101,8 +114,8 @@ class Args:
     lora_alpha: int = 32
     """LoRA alpha"""
     lora_target_modules: Optional[str] = None
-    """comma-separated module names for LoRA (default: peft's choice for the architecture, q_proj,v_proj
-    for GPT-Neo as in the released code)"""
+    """comma-separated module names for LoRA (default: peft's choice for the architecture,
+    q_proj,v_proj for GPT-Neo as in the released code)"""
     forward_batch_size: int = 16
     """episodes per batched no-grad forward, target-gradient and influence pass"""
     generation_batch_size: int = 64
@@ -112,8 +125,8 @@ class Args:
     filter_method: Literal["influence", "random", "none"] = "influence"
     """influence: IIF; random: drop as many episodes uniformly at random; none: standard PPO"""
     filter_p: Optional[float] = None
-    """fraction in (0, 1] of the negative-influence episodes to drop, most negative first (default: drop
-    every episode with influence <= 0, as the released code does)"""
+    """fraction in (0, 1] of the negative-influence episodes to drop, most negative first (default:
+    drop every episode with influence <= 0, as the released code does)"""
     target: Literal["f_seq", "f_return"] = "f_seq"
     """target function: f_seq (Sec. 5.3: log pi(y|x) times the advantage at the last token) or the
     token-level f_return (Sec. 3.1, App. C.8)"""
@@ -135,14 +148,14 @@ class Args:
     eval_max_prompt_tokens: int = 256
     """a test prompt is the whole comment, cut to its last N tokens"""
     eval_reward_model: str = "DaNLP/da-electra-hatespeech-detection"
-    """a second toxicity classifier; the test toxicity is its mean --eval-toxic-label probability"""
+    """a second toxicity classifier; test toxicity is its mean --eval-toxic-label probability"""
     eval_toxic_label: str = "offensive"
     """label of --eval-reward-model that means toxic"""
 
 
-METRICS = ["round", "episodes", "reward_mean", "reward_std", "kl", "kl_coef", "n_kept", "n_negative",
-           "loss", "n_updates", "eval_toxicity", "t_generate", "t_forward", "t_influence",
-           "t_optim", "t_eval"]
+METRICS = ["round", "episodes", "reward_mean", "reward_std", "kl", "kl_coef", "n_kept",
+           "n_negative", "loss", "n_updates", "eval_toxicity", "t_generate", "t_forward",
+           "t_influence", "t_optim", "t_eval"]
 
 
 def fail(msg):
@@ -150,11 +163,13 @@ def fail(msg):
 
 
 def load(flag, name, loader, *a, **kw):
-    """Load a model, tokenizer or dataset; on any failure stop with the flag's name, before a file is written"""
+    """Load a model, tokenizer or dataset; on any failure stop with the flag's name, before a file
+    is written"""
     try:
         return loader(name, *a, **kw)
     except Exception as e:  # OSError, ValueError, hub and connection errors all end here
-        fail(f"{flag} {name!r} could not be loaded ({type(e).__name__}: {str(e).strip().splitlines()[0][:300]}). "
+        fail(f"{flag} {name!r} could not be loaded ({type(e).__name__}: "
+             f"{str(e).strip().splitlines()[0][:300]}). "
              "Without network access, download it on another machine and pass its local path.")
 
 
@@ -166,15 +181,16 @@ def load_rows(flag, name, split):
 
 
 def load_prompts(args, tokenizer):
-    """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt + continuation
-    text (as TRL's example does); split into training and held-out prompts."""
+    """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt +
+    continuation text (as TRL's example does); split into training and held-out prompts."""
     rows = load_rows("--dataset", args.dataset, "train")
     if "prompt" not in rows.column_names:
         fail(f"--dataset {args.dataset!r} has no 'prompt' column (columns: {rows.column_names})")
     rng = np.random.default_rng(args.seed)
     prompts = []
     for row in rows:
-        p, c = row["prompt"], row.get("continuation") or {}
+        p = row["prompt"]
+        c = row.get("continuation") or {}
         if p.get("toxicity") is None or p["toxicity"] <= args.min_prompt_toxicity:
             continue
         ids = tokenizer(p["text"] + (c.get("text") or ""))["input_ids"]
@@ -183,10 +199,12 @@ def load_prompts(args, tokenizer):
             prompts.append(ids[:n])
     order = rng.permutation(len(prompts))
     n_held = int(args.held_out_fraction * len(prompts))
-    train, held = [prompts[i] for i in order[n_held:]], [prompts[i] for i in order[:n_held]]
+    train = [prompts[i] for i in order[n_held:]]
+    held = [prompts[i] for i in order[:n_held]]
     if len(train) < args.batch_size:
         fail(f"--dataset {args.dataset!r} has {len(train)} training prompts with toxicity > "
-             f"{args.min_prompt_toxicity} and >= {args.prompt_min_tokens} tokens, fewer than --batch-size {args.batch_size}")
+             f"{args.min_prompt_toxicity} and >= {args.prompt_min_tokens} tokens, fewer than "
+             f"--batch-size {args.batch_size}")
     if args.target_data == "validation" and len(held) < args.validation_size:
         fail(f"--validation-size {args.validation_size}: only {len(held)} held-out prompts "
              f"(--held-out-fraction {args.held_out_fraction})")
@@ -196,10 +214,12 @@ def load_prompts(args, tokenizer):
 def load_eval_prompts(args, tokenizer):
     rows = load_rows("--eval-dataset", args.eval_dataset, args.eval_split)
     if not {"comment_text", "label"} <= set(rows.column_names):
-        fail(f"--eval-dataset {args.eval_dataset!r} needs 'comment_text' and 'label' columns (has {rows.column_names})")
+        fail(f"--eval-dataset {args.eval_dataset!r} needs 'comment_text' and 'label' columns "
+             f"(has {rows.column_names})")
     texts = [r["comment_text"] for r in rows if r["label"] == 1][:args.eval_samples]
     if not texts:
-        fail(f"--eval-dataset {args.eval_dataset!r} has no toxic (label 1) rows in split {args.eval_split!r}")
+        fail(f"--eval-dataset {args.eval_dataset!r} has no toxic (label 1) rows in split "
+             f"{args.eval_split!r}")
     return [tokenizer(t)["input_ids"][-args.eval_max_prompt_tokens:] for t in texts]
 
 
@@ -209,12 +229,14 @@ def load_classifier(flag, name, label_flag, label, device):
     model = load(flag, name, AutoModelForSequenceClassification.from_pretrained).to(device).eval()
     labels = {v: int(k) for k, v in model.config.id2label.items()}
     if label not in labels:
-        fail(f"{label_flag} {label!r} is not a label of {flag} {name!r}; its labels are {sorted(labels)}")
+        fail(f"{label_flag} {label!r} is not a label of {flag} {name!r}; its labels are "
+             f"{sorted(labels)}")
     return model, tok, labels[label]
 
 
 class Policy(nn.Module):
-    """The causal LM with a value head on its last hidden state (TRL's AutoModelForCausalLMWithValueHead)."""
+    """The causal LM with a value head on its last hidden state (TRL's
+    AutoModelForCausalLMWithValueHead)."""
 
     def __init__(self, lm):
         super().__init__()
@@ -222,12 +244,18 @@ class Policy(nn.Module):
         self.v_head = nn.Linear(lm.config.hidden_size, 1)
 
     def forward(self, ids, attn, T):
-        """log pi(y_t | x, y_<t) and V(x, y_<t) of the last T tokens of left-padded rows ids"""
+        """log pi(y_t | x, y_<t) and V(x, y_<t) of the last T tokens (the continuation) of the
+        left-padded rows ids: (batch, prompt + continuation) -> (batch, T), (batch, T)"""
         pos = (attn.cumsum(1) - 1).clamp(min=0)  # positions count real tokens only
-        out = self.lm(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=True,
-                      logits_to_keep=T + 1)
-        logp = torch.log_softmax(out.logits[:, :-1], -1).gather(-1, ids[:, -T:, None]).squeeze(-1)
-        return logp, self.v_head(out.hidden_states[-1][:, -T - 1:-1]).squeeze(-1)
+        out = self.lm(input_ids=ids, attention_mask=attn, position_ids=pos,
+                      output_hidden_states=True, logits_to_keep=T + 1)
+        # logits of the last T + 1 positions, (batch, T + 1, vocab); each predicts the next token,
+        # so the first T predict the continuation: (batch, T, vocab)
+        logits = out.logits[:, :-1]
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, -T:, None]).squeeze(-1)  # (batch, T)
+        # (batch, prompt + continuation, hidden) -> (batch, T, hidden): the same T positions
+        hidden = out.hidden_states[-1][:, -T - 1:-1]
+        return logp, self.v_head(hidden).squeeze(-1)
 
 
 def make_policy(args, device):
@@ -235,24 +263,27 @@ def make_policy(args, device):
     tokenizer = load("--model-name", args.model_name, AutoTokenizer.from_pretrained)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    lm = load("--model-name", args.model_name, AutoModelForCausalLM.from_pretrained, dtype=torch.float32)
+    lm = load("--model-name", args.model_name, AutoModelForCausalLM.from_pretrained,
+              dtype=torch.float32)
     ref = None
     if args.lora:
         from peft import LoraConfig, get_peft_model
         targets = args.lora_target_modules.split(",") if args.lora_target_modules else None
         try:
-            lm = get_peft_model(lm, LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules=targets,
-                                               lora_dropout=0.0, bias="none", task_type="CAUSAL_LM"))
+            config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules=targets,
+                                lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+            lm = get_peft_model(lm, config)
         except ValueError as e:
             fail(f"--lora-target-modules: {e}")
     policy = Policy(lm).to(device)
-    policy.eval()  # no dropout: generation, the update and the influence all see one policy pi_theta
+    policy.eval()  # no dropout: generation, update and influence all see one policy pi_theta
     if not args.lora:
         ref = copy.deepcopy(policy).requires_grad_(False)
     return policy, ref, tokenizer
 
 
 def ref_logprobs(policy, ref, ids, attn, T):
+    """log pi_ref: with LoRA, the policy with its adapters disabled"""
     with policy.lm.disable_adapter() if ref is None else contextlib.nullcontext():
         return (policy if ref is None else ref)(ids, attn, T)[0]
 
@@ -263,19 +294,25 @@ def batches(n, size):
 
 @torch.no_grad()
 def generate(policy, queries, tokenizer, args, device):
-    """Sample continuations of the queries; rows are [left padding, prompt, continuation, right padding].
-    Returns ids, attention mask and the response mask (the continuation up to and with its first EOS)."""
-    P, T, pad, eos = max(map(len, queries)), args.gen_tokens, tokenizer.pad_token_id, tokenizer.eos_token_id
+    """Sample continuations of the queries; rows are [left padding, prompt, continuation, right
+    padding]. Returns ids, attention mask and the response mask (the continuation up to and with
+    its first EOS)."""
+    P = max(map(len, queries))
+    T = args.gen_tokens
+    pad = tokenizer.pad_token_id
+    eos = tokenizer.eos_token_id
     ids = torch.full((len(queries), P + T), pad, dtype=torch.long)
     attn = torch.zeros_like(ids)
     for i, q in enumerate(queries):
-        ids[i, P - len(q):P], attn[i, P - len(q):P] = torch.tensor(q), 1
+        ids[i, P - len(q):P] = torch.tensor(q)
+        attn[i, P - len(q):P] = 1
     for idx in batches(len(queries), args.generation_batch_size):
-        # sample from pi_theta itself: every knob a model's generation_config may set is neutralised here
-        out = policy.lm.generate(input_ids=ids[idx, :P].to(device), attention_mask=attn[idx, :P].to(device),
-                                 do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
-                                 repetition_penalty=1.0, no_repeat_ngram_size=0, max_new_tokens=T, min_new_tokens=0,
-                                 pad_token_id=pad, eos_token_id=eos)
+        # sample from pi_theta itself: every knob a model's generation_config may set is neutralised
+        out = policy.lm.generate(
+            input_ids=ids[idx, :P].to(device), attention_mask=attn[idx, :P].to(device),
+            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+            repetition_penalty=1.0, no_repeat_ngram_size=0, max_new_tokens=T, min_new_tokens=0,
+            pad_token_id=pad, eos_token_id=eos)
         ids[idx, P:out.shape[1]] = out[:, P:].cpu()
     is_eos = ids[:, P:] == eos  # a call that stops early does so because every row has reached EOS
     mask = ((is_eos.cumsum(1) - is_eos.long()) == 0).float()  # no EOS before this position
@@ -285,19 +322,27 @@ def generate(policy, queries, tokenizer, args, device):
 
 @torch.no_grad()
 def classify(model, tok, texts, device, bs=64):
-    return torch.cat([model(**tok(texts[i:i + bs], padding=True, truncation=True, return_tensors="pt").to(device)
-                            ).logits.float() for i in range(0, len(texts), bs)])
+    logits = []
+    for i in range(0, len(texts), bs):
+        inputs = tok(texts[i:i + bs], padding=True, truncation=True, return_tensors="pt")
+        logits.append(model(**inputs.to(device)).logits.float())
+    return torch.cat(logits)
 
 
 def continuations(tokenizer, b):
     T = b["mask"].shape[1]
-    return [tokenizer.decode(row[:int(m.sum())], skip_special_tokens=True) for row, m in zip(b["ids"][:, -T:], b["mask"])]
+    rows = zip(b["ids"][:, -T:], b["mask"])
+    return [tokenizer.decode(row[:int(m.sum())], skip_special_tokens=True) for row, m in rows]
 
 
 def compute_gae(rewards, values, mask, gamma, lam):
-    """GAE over the tokens of each continuation (Sec. 2.1); values and rewards past its end count as 0"""
-    values, rewards = values * mask, rewards * mask
-    adv, lastgaelam, T = torch.zeros_like(rewards), 0.0, rewards.shape[1]
+    """GAE over the tokens of each continuation (Sec. 2.1); values and rewards past its end count
+    as 0"""
+    values = values * mask
+    rewards = rewards * mask
+    adv = torch.zeros_like(rewards)
+    lastgaelam = 0.0
+    T = rewards.shape[1]
     for t in reversed(range(T)):
         next_values = values[:, t + 1] if t < T - 1 else 0.0
         delta = rewards[:, t] + gamma * next_values - values[:, t]
@@ -306,7 +351,8 @@ def compute_gae(rewards, values, mask, gamma, lam):
 
 
 def whiten(x, mask):
-    """TRL's masked whitening: zero mean, unit (unbiased) variance over the real tokens of the buffer"""
+    """TRL's masked whitening: zero mean, unit (unbiased) variance over the real tokens of the
+    buffer"""
     mean = (x * mask).sum() / mask.sum()
     var = ((x - mean) ** 2 * mask).sum() / (mask.sum() - 1).clamp(min=1)
     return (x - mean) * torch.rsqrt(var + 1e-8)
@@ -321,8 +367,9 @@ def update_kl_coef(kl_coef, kl, n_episodes, args):
 
 
 def rollout(policy, ref, queries, kl_coef, rm, tokenizer, args, device):
-    """Stage I of Alg. 1 for language models: generate, score, and compute log pi, V, the KL-shaped
-    per-token rewards and GAE advantages at theta(k). Returns the buffer and (t_generate, t_forward)."""
+    """Stage I of Alg. 1 for language models: generate, score, and compute log pi, V, the
+    KL-shaped per-token rewards and GAE advantages at theta(k). Returns the buffer and
+    (t_generate, t_forward)."""
     t0 = timer(device)
     ids, attn, mask = generate(policy, queries, tokenizer, args, device)
     b = dict(ids=ids, attn=attn, mask=mask)
@@ -331,27 +378,35 @@ def rollout(policy, ref, queries, kl_coef, rm, tokenizer, args, device):
     b["scores"] = classify(rm_model, rm_tok, b["texts"], device)[:, rm_label]
     t1 = timer(device)
     T = mask.shape[1]
+    out = []
     with torch.no_grad():
-        out = [(*policy(ids[i], attn[i], T), ref_logprobs(policy, ref, ids[i], attn[i], T))
-               for i in batches(len(ids), args.forward_batch_size)]
+        for i in batches(len(ids), args.forward_batch_size):
+            logp, v = policy(ids[i], attn[i], T)
+            out.append((logp, v, ref_logprobs(policy, ref, ids[i], attn[i], T)))
     b["logprobs"], b["values"], b["ref_logprobs"] = (torch.cat(x) for x in zip(*out))
-    # TRL's compute_rewards: r_t = -beta (log pi - log pi_ref)(y_t), plus the classifier's score at the last token
+    # TRL's compute_rewards: r_t = -beta (log pi - log pi_ref)(y_t), plus the classifier's score
+    # at the last token
     kl = (b["logprobs"] - b["ref_logprobs"]) * mask
     b["kl"] = kl.sum(1)
     rewards = -kl_coef * kl
     b["last"] = mask.sum(1).long() - 1
     rewards[torch.arange(len(ids)), b["last"]] += b["scores"]
     adv, b["returns"] = compute_gae(rewards, b["values"], mask, args.gamma, args.lam)
-    b["advantages"] = whiten(adv, mask)  # once over the buffer: scoring and training see the same A_hat
+    # whitened once over the buffer: scoring and training see the same A_hat
+    b["advantages"] = whiten(adv, mask)
     return b, (t1 - t0, timer(device) - t1)
 
 
 def ppo_losses(policy, b, idx, args, params=None):
-    """Per-episode PPO loss l_i (Sec. 2.1, TRL's loss for LMs): token means of the clipped surrogate and of
-    vf_coef x 0.5 x the clipped squared value error. A minibatch's loss is the mean over its episodes."""
+    """Per-episode PPO loss l_i (Sec. 2.1, TRL's loss for LMs): token means of the clipped
+    surrogate and of vf_coef x 0.5 x the clipped squared value error. A minibatch's loss is the
+    mean over its episodes."""
     ids, attn, m = b["ids"][idx], b["attn"][idx], b["mask"][idx]
     T = m.shape[1]
-    logp, v = policy(ids, attn, T) if params is None else functional_call(policy, params, (ids, attn, T))
+    if params is None:
+        logp, v = policy(ids, attn, T)
+    else:
+        logp, v = functional_call(policy, params, (ids, attn, T))
     adv, old_v, ret = b["advantages"][idx], b["values"][idx], b["returns"][idx]
     ratio = torch.exp(logp - b["logprobs"][idx])
     pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.cliprange, 1 + args.cliprange))
@@ -361,18 +416,19 @@ def ppo_losses(policy, b, idx, args, params=None):
 
 
 def target_weights(t, target):
-    """Both targets read f(theta) = sum_it w_it log pi_theta(y_t | x_i, y_<t) over the target episodes t"""
+    """Both targets read f(theta) = sum_it w_it log pi_theta(y_t | x_i, y_<t) over the target
+    episodes t"""
     m = t["mask"]
     if target == "f_seq":  # Sec. 5.3: mean over episodes of log pi(y|x) A_hat(last token)
         return t["advantages"].gather(1, t["last"][:, None]) * m / len(m)
-    return t["advantages"] * m / m.sum()  # f_return (Sec. 3.1): every token is a (state, action) record
+    return t["advantages"] * m / m.sum()  # f_return (Sec. 3.1): every token is a (state, action)
 
 
 def influence(policy, b, t, args):
-    """I_i = <grad f(theta), -grad l_i(theta)> of every episode i of b at theta(k) (Sec. 3.1, 5.1), exactly:
-    one backward pass over the target episodes t gives grad f, one forward-mode pass along it gives every
-    episode's inner product (a directional derivative). Parameters f does not reach (the value head)
-    carry no tangent."""
+    """I_i = <grad f(theta), -grad l_i(theta)> of every episode i of b at theta(k) (Sec. 3.1, 5.1),
+    exactly: one backward pass over the target episodes t gives grad f, one forward-mode pass along
+    it gives every episode's inner product (a directional derivative). Parameters f does not reach
+    (the value head) carry no tangent."""
     params = {n: p for n, p in policy.named_parameters() if p.requires_grad}
     w = target_weights(t, args.target)
     grad = dict.fromkeys(params)
@@ -382,31 +438,41 @@ def influence(policy, b, t, args):
         for n, gi in zip(params, g):
             if gi is not None:
                 grad[n] = gi if grad[n] is None else grad[n] + gi
+    # torch.autograd.forward_ad, not torch.func.jvp as in iif.py: on these language models (LoRA,
+    # CPU) jvp took 10-20 % longer for the same scores. Fused attention kernels have no
+    # forward-mode AD, the math one does.
     scores = []
-    # torch.autograd.forward_ad runs about 20 % faster here than torch.func.jvp; fused attention
-    # kernels have no forward-mode AD, the math one does
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), fwAD.dual_level():
         duals = {n: fwAD.make_dual(params[n].detach(), g) for n, g in grad.items() if g is not None}
         for idx in batches(len(b["ids"]), args.forward_batch_size):
-            scores.append(-fwAD.unpack_dual(ppo_losses(policy, b, idx, args, duals)).tangent)
+            loss = ppo_losses(policy, b, idx, args, duals)
+            scores.append(-fwAD.unpack_dual(loss).tangent)
     return torch.cat(scores)
 
 
 def filter_records(scores, method, p, gen):
-    """Stage II of Alg. 1: returns the kept mask. 'influence' drops every episode with influence <= 0
-    (p None), or the floor(p x n_negative) most negative ones, ties broken by buffer order; 'random'
-    drops as many uniformly at random."""
+    """Stage II of Alg. 1: returns the kept mask. 'influence' drops every episode with influence
+    <= 0 (p None), or the floor(p x n_negative) most negative ones, ties broken by buffer order;
+    'random' drops as many uniformly at random."""
     kept = torch.ones(len(scores), dtype=torch.bool)
-    n_drop = int((scores <= 0).sum()) if p is None else int(p * int((scores < 0).sum()) + 1e-9)
-    order = torch.argsort(scores.cpu(), stable=True) if method == "influence" else torch.randperm(len(scores), generator=gen)
+    if p is None:
+        n_drop = int((scores <= 0).sum())
+    else:
+        n_drop = int(p * int((scores < 0).sum()) + 1e-9)
+    if method == "influence":
+        order = torch.argsort(scores.cpu(), stable=True)
+    else:
+        order = torch.randperm(len(scores), generator=gen)
     kept[order[:n_drop]] = False
     return kept
 
 
 def ppo_update(policy, optimizer, b, kept_idx, args, gen):
-    """Stage III of Alg. 1: ppo_epochs passes over the kept episodes, reshuffled, mini_batch_size at a time
-    (a smaller last minibatch is kept); so a filtered round takes fewer optimizer steps."""
-    losses, n_updates = [], 0
+    """Stage III of Alg. 1: ppo_epochs passes over the kept episodes, reshuffled, mini_batch_size
+    at a time (a smaller last minibatch is kept); so a filtered round takes fewer optimizer
+    steps."""
+    losses = []
+    n_updates = 0
     for epoch in range(args.ppo_epochs):
         perm = kept_idx[torch.randperm(len(kept_idx), generator=gen)]
         for start in range(0, len(perm), args.mini_batch_size):
@@ -423,8 +489,8 @@ def ppo_update(policy, optimizer, b, kept_idx, args, gen):
 
 @torch.no_grad()
 def evaluate(policy, queries, tokenizer, clf, args, device):
-    """App. B.3: mean toxicity probability of sampled continuations of toxic test prompts (a fixed seed,
-    and the training generator left untouched)"""
+    """App. B.3: mean toxicity probability of sampled continuations of toxic test prompts (a fixed
+    seed, and the training generator left untouched)"""
     model, tok, toxic = clf
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed + 10_000)
@@ -441,14 +507,17 @@ def timer(device):
 
 def resolve_args(args):
     """Check every flag before anything is loaded; fail early with the flag's name."""
-    for key in ("batch_size", "mini_batch_size", "ppo_epochs", "gen_tokens", "prompt_min_tokens", "forward_batch_size",
-                "generation_batch_size", "validation_size", "eval_samples", "eval_max_prompt_tokens", "lora_r", "kl_horizon"):
+    for key in ("batch_size", "mini_batch_size", "ppo_epochs", "gen_tokens", "prompt_min_tokens",
+                "forward_batch_size", "generation_batch_size", "validation_size", "eval_samples",
+                "eval_max_prompt_tokens", "lora_r", "kl_horizon"):
         if getattr(args, key) < 1:
             fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
     if args.prompt_max_tokens < args.prompt_min_tokens:
-        fail(f"--prompt-max-tokens ({args.prompt_max_tokens}) must be at least --prompt-min-tokens ({args.prompt_min_tokens})")
+        fail(f"--prompt-max-tokens ({args.prompt_max_tokens}) must be at least --prompt-min-tokens "
+             f"({args.prompt_min_tokens})")
     if args.mini_batch_size > args.batch_size:
-        fail(f"--mini-batch-size ({args.mini_batch_size}) must be at most --batch-size ({args.batch_size})")
+        fail(f"--mini-batch-size ({args.mini_batch_size}) must be at most --batch-size "
+             f"({args.batch_size})")
     if args.rounds is not None and args.rounds < 1:
         fail(f"--rounds must be at least 1, got {args.rounds}")
     if args.eval_every < 0:
@@ -482,17 +551,19 @@ def main(args):
     torch.manual_seed(args.seed)
     gen = torch.Generator().manual_seed(args.seed)  # minibatch order and random filtering
     device = torch.device(args.device)
-    # everything is loaded before the run folder is made: a name that fails leaves nothing half-written
+    # everything is loaded before the run folder is made: a name that fails leaves nothing behind
     policy, ref, tokenizer = make_policy(args, device)
-    rm = load_classifier("--reward-model", args.reward_model, "--reward-label", args.reward_label, device)
+    rm = load_classifier("--reward-model", args.reward_model, "--reward-label", args.reward_label,
+                         device)
     train_prompts, val_prompts = load_prompts(args, tokenizer)
     if args.eval_every:
-        eval_clf = load_classifier("--eval-reward-model", args.eval_reward_model, "--eval-toxic-label",
-                                   args.eval_toxic_label, device)
+        eval_clf = load_classifier("--eval-reward-model", args.eval_reward_model,
+                                   "--eval-toxic-label", args.eval_toxic_label, device)
         eval_prompts = load_eval_prompts(args, tokenizer)
     n_rounds = args.rounds or len(train_prompts) // args.batch_size
-    optimizer = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate)
-    n_trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(trainable, lr=args.learning_rate)
+    n_trainable = sum(p.numel() for p in trainable)
 
     run_dir = os.path.join(args.runs_dir, args.run_name)
     os.makedirs(run_dir, exist_ok=True)
@@ -502,60 +573,74 @@ def main(args):
     writer = csv.DictWriter(metrics_file, fieldnames=METRICS)
     writer.writeheader()
     episodes_file = open(os.path.join(run_dir, "episodes.jsonl"), "w")
-    print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {device}: {n_rounds} rounds of "
-          f"{args.batch_size} episodes, filter {args.filter_method}, target {args.target} on {args.target_data} -> {run_dir}")
-    kl_coef, order = args.init_kl_coef, []
+    print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {device}: "
+          f"{n_rounds} rounds of {args.batch_size} episodes, filter {args.filter_method}, "
+          f"target {args.target} on {args.target_data} -> {run_dir}")
+    kl_coef = args.init_kl_coef
+    order = []
     try:
         for k in range(n_rounds):
-            if len(order) < args.batch_size:  # one pass over the shuffled training prompts, then another
+            if len(order) < args.batch_size:  # one pass over the shuffled prompts, then another
                 order = order + torch.randperm(len(train_prompts), generator=gen).tolist()
-            queries, order = [train_prompts[i] for i in order[:args.batch_size]], order[args.batch_size:]
+            queries = [train_prompts[i] for i in order[:args.batch_size]]
+            order = order[args.batch_size:]
 
             # Stage I (Alg. 1): the buffer B(k) of episodes generated by the policy at theta(k)
-            b, (t_generate, t_forward) = rollout(policy, ref, queries, kl_coef, rm, tokenizer, args, device)
+            b, (t_generate, t_forward) = rollout(policy, ref, queries, kl_coef, rm, tokenizer, args,
+                                                 device)
 
-            # Stage II (Alg. 1): score every episode at theta(k) (Sec. 5.1, 5.3) and filter the harmful ones
+            # Stage II (Alg. 1): influence of every episode at theta(k) (Sec. 5.1, 5.3), then filter
             t0 = timer(device)
             scores = None
+            kept = torch.ones(args.batch_size, dtype=torch.bool)
             if args.filter_method != "none":
-                t = b if args.target_data == "buffer" else \
-                    rollout(policy, ref, val_prompts, kl_coef, rm, tokenizer, args, device)[0]
+                t = b
+                if args.target_data == "validation":
+                    t = rollout(policy, ref, val_prompts, kl_coef, rm, tokenizer, args, device)[0]
                 scores = influence(policy, b, t, args)
                 if not torch.isfinite(scores).all():
                     fail(f"round {k}: non-finite influence scores; lower --learning-rate")
-            kept = torch.ones(args.batch_size, dtype=torch.bool) if scores is None else \
-                filter_records(scores, args.filter_method, args.filter_p, gen)
+                kept = filter_records(scores, args.filter_method, args.filter_p, gen)
             t_influence = timer(device) - t0
 
-            # Stage III (Alg. 1): PPO on the kept episodes, then the adaptive KL step on the whole buffer
+            # Stage III (Alg. 1): PPO on the kept episodes, then the adaptive KL step on all of B(k)
             t0 = timer(device)
+            kept_idx = torch.nonzero(kept).squeeze(1)
             try:
-                n_updates, loss = ppo_update(policy, optimizer, b, torch.nonzero(kept).squeeze(1), args, gen)
+                n_updates, loss = ppo_update(policy, optimizer, b, kept_idx, args, gen)
             except FloatingPointError as e:
                 fail(f"round {k}: {e}; lower --learning-rate")
             t_optim = timer(device) - t0
             kl = b["kl"].mean().item()
-            row = dict(round=k, episodes=(k + 1) * args.batch_size, reward_mean=b["scores"].mean().item(),
-                       reward_std=b["scores"].std().item(), kl=kl, kl_coef=kl_coef, n_kept=int(kept.sum()),
-                       n_negative=int((scores < 0).sum()) if scores is not None else "", loss=loss,
-                       n_updates=n_updates, t_generate=t_generate, t_forward=t_forward,
-                       t_influence=t_influence, t_optim=t_optim, eval_toxicity="", t_eval=0.0)
+            row = dict(round=k, episodes=(k + 1) * args.batch_size,
+                       reward_mean=b["scores"].mean().item(), reward_std=b["scores"].std().item(),
+                       kl=kl, kl_coef=kl_coef, n_kept=int(kept.sum()),
+                       n_negative="" if scores is None else int((scores < 0).sum()),
+                       loss=loss, n_updates=n_updates, eval_toxicity="",
+                       t_generate=t_generate, t_forward=t_forward, t_influence=t_influence,
+                       t_optim=t_optim, t_eval=0.0)
             kl_coef = update_kl_coef(kl_coef, kl, args.batch_size, args)
 
             if args.eval_every and (k + 1) % args.eval_every == 0:
                 t0 = timer(device)
-                row["eval_toxicity"] = evaluate(policy, eval_prompts, tokenizer, eval_clf, args, device)
+                row["eval_toxicity"] = evaluate(policy, eval_prompts, tokenizer, eval_clf, args,
+                                                device)
                 row["t_eval"] = timer(device) - t0
             writer.writerow(row)
             metrics_file.flush()
             for i, text in enumerate(b["texts"]):
-                episodes_file.write(json.dumps(dict(
-                    round=k, prompt=tokenizer.decode(queries[i]), continuation=text, reward=b["scores"][i].item(),
-                    influence=None if scores is None else scores[i].item(), kept=bool(kept[i]))) + "\n")
+                episode = dict(round=k, prompt=tokenizer.decode(queries[i]), continuation=text,
+                               reward=b["scores"][i].item(),
+                               influence=None if scores is None else scores[i].item(),
+                               kept=bool(kept[i]))
+                episodes_file.write(json.dumps(episode) + "\n")
             episodes_file.flush()
-            tox = f" toxicity {row['eval_toxicity']:.3f}" if row["eval_toxicity"] != "" else ""
-            print(f"round {k} [{k + 1}/{n_rounds}] reward {row['reward_mean']:.3f} kl {kl:.3f} beta {row['kl_coef']:.4f} "
-                  f"| kept {row['n_kept']}/{args.batch_size}{tox} | s: generate {t_generate:.1f} forward {t_forward:.1f} "
+            tox = ""
+            if row["eval_toxicity"] != "":
+                tox = f" toxicity {row['eval_toxicity']:.3f}"
+            print(f"round {k} [{k + 1}/{n_rounds}] reward {row['reward_mean']:.3f} kl {kl:.3f} "
+                  f"beta {row['kl_coef']:.4f} | kept {row['n_kept']}/{args.batch_size}{tox} "
+                  f"| s: generate {t_generate:.1f} forward {t_forward:.1f} "
                   f"influence {t_influence:.1f} optim {t_optim:.1f}", flush=True)
     finally:  # also on Ctrl-C (mid-round, the weights as they are then)
         policy.lm.save_pretrained(os.path.join(run_dir, "policy"))  # the adapter only, with LoRA
@@ -570,4 +655,5 @@ if __name__ == "__main__":
     try:
         main(args)
     except KeyboardInterrupt:
-        sys.exit(f"\ninterrupted: every finished round is in {os.path.join(args.runs_dir, args.run_name)}/metrics.csv")
+        run_dir = os.path.join(args.runs_dir, args.run_name)
+        sys.exit(f"\ninterrupted: every finished round is in {run_dir}/metrics.csv")

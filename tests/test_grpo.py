@@ -1,5 +1,4 @@
 """grpo_iif.py on a tiny GPT-2, a tiny ELECTRA classifier and tiny jsonl data built here (offline)."""
-import argparse
 import csv
 import json
 import os
@@ -98,7 +97,7 @@ def test_eval_every_n_and_the_last_leaves_training_unchanged(runs, toy, tmp_path
 def test_analysis_rlhf_draws_grpo_runs(runs, capsys):
     import analysis
     out = runs / "grpo.png"
-    analysis.cmd_rlhf(argparse.Namespace(runs=str(runs), env="toy", smooth=1, out=str(out)))
+    analysis.cmd_rlhf(analysis.Rlhf(runs=str(runs), env="toy", smooth=1, out=str(out)))
     assert out.stat().st_size > 10_000
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("| Standard | 2 |") for line in lines) and any(line.startswith("| IIF | 2 |")
