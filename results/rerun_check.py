@@ -1,0 +1,42 @@
+"""Reruns the first rounds of committed runs with today's iif.py and compares their metrics.csv
+(every column but the t_* timings) with the committed one: the same seed must give the same rows.
+    python results/rerun_check.py results/runs/FrozenLake-v1__influence__1 --rounds 50
+"""
+import argparse
+import csv
+import dataclasses
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch  # noqa: E402
+
+import analysis  # noqa: E402
+import iif  # noqa: E402
+
+
+def rows(path, n):
+    with open(path) as f:
+        return [{k: v for k, v in r.items() if not k.startswith("t_")} for r in csv.DictReader(f)][:n]
+
+
+parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+parser.add_argument("runs", nargs="+")
+parser.add_argument("--rounds", type=int, default=5, help="rounds to rerun from round 0")
+a = parser.parse_args()
+torch.distributions.Distribution.set_default_validate_args(False)
+failed = 0
+for run in a.runs:
+    config = analysis.load_config(run)
+    flags = {f.name: config[f.name] for f in dataclasses.fields(iif.Args)
+             if f.name in config and f.name not in iif.NOT_COMPARED}
+    n = min(a.rounds, len(rows(os.path.join(run, "metrics.csv"), 10**9)))
+    with tempfile.TemporaryDirectory() as tmp:
+        args = iif.Args(**{**flags, "runs_dir": tmp, "run_name": "rerun"})
+        args.total_timesteps = n * config["num_steps"] * config["num_envs"]
+        iif.main(iif.resolve_args(args))
+        same = rows(os.path.join(tmp, "rerun", "metrics.csv"), n) == rows(os.path.join(run, "metrics.csv"), n)
+    print(f"{run}: first {n} rounds {'identical' if same else 'DIFFER'}", flush=True)
+    failed += not same
+sys.exit(failed)
