@@ -13,7 +13,7 @@ draw it in a PNG:
 
 Runs follow results/reproduce.sh's naming, <runs>/<env>__<label>__<seed>/metrics.csv, where the
 label is iif.py's (or rlhf_iif.py's) --filter-method (influence, none, random) or any other tag.
-The diagnostics read the rounds/ of a run made with --save-rounds, such as (README, "Results")
+The diagnostics read the rounds/ of a run made with --save-rounds, such as (docs/results.md)
 
     python iif.py --env-id FrozenLake-v1 --filter-method none --save-rounds --seed 1 \
         --total-timesteps 40960 --runs-dir results/diagnostics --run-name FrozenLake-v1__none__1
