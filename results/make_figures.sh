@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every figure and table under results/figures from the runs of results/reproduce.sh and the
-# diagnostics runs (README, "Results"); each command's printout is kept beside its figure.
+# diagnostics runs (docs/results.md); each command's printout is kept beside its figure.
 # An environment is drawn once all 9 of its runs (IIF, standard, random x 3 seeds) are complete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
