@@ -736,6 +736,13 @@ def main(args):
     metrics_file.flush()
     next_obs, _ = envs.reset(seed=args.seed if start == 0 else args.seed + 100_000 * start)
     ep_ret = np.zeros(N)
+    if args.target == "f_action":  # Sec. 3.1: log pi of one chosen (s, a), the same every round
+        t_obs = torch.tensor(args.target_obs, dtype=torch.float32).reshape(1, *obs_space.shape)
+        if agent.continuous:
+            t_act = torch.tensor(args.target_act).reshape(1, -1)
+        else:
+            t_act = torch.tensor([int(args.target_act[0])])
+        action_target = (t_obs, t_act, torch.ones(1))
     print(f"{args.env_id} on {args.env_backend}: {args.num_rounds} rounds of {args.batch_size} "
           f"records, filter {args.filter_method} p={args.filter_p}, {args.optimizer} "
           f"lr={args.learning_rate}, {args.eval_episodes} test episodes every {args.eval_every} "
@@ -796,13 +803,8 @@ def main(args):
         t0 = time.perf_counter()
         if args.target == "f_return":  # Sec. 3.1: log pi over B(k), weighted by A_hat
             target = (b["obs"], b["actions"], a_raw if args.target_adv == "raw" else a_norm)
-        else:  # Sec. 3.1: log pi of one chosen (s, a)
-            t_obs = torch.tensor(args.target_obs, dtype=torch.float32).reshape(1, *obs_space.shape)
-            if agent.continuous:
-                t_act = torch.tensor(args.target_act).reshape(1, -1)
-            else:
-                t_act = torch.tensor([int(args.target_act[0])])
-            target = (t_obs, t_act, torch.ones(1))
+        else:
+            target = action_target
         all_records = torch.arange(args.batch_size)
         scores = influence(agent, b, all_records, target, args, scoring_advantages(b, args))
         if not torch.isfinite(scores).all():
