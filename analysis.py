@@ -623,6 +623,8 @@ class BehaviorFormation:
     record: Optional[tuple[int, int]] = None
     """ROUND INDEX: (s*, a*) = this record of this round (default: the final buffer's record whose
     log pi(a|s) rose most from the first to the final network)"""
+    action: Optional[int] = None
+    """pick the default record among those taking this action only (e.g. 4, SLOWER, on highway-v0)"""
     neighbours: int = 50
     """u of the u-nearest-neighbour graph"""
     phases: tuple[float, ...] = ()
@@ -643,7 +645,12 @@ def cmd_behavior_formation(args):
         with torch.no_grad():
             logp_final = final(b_pick["obs"], b_pick["actions"], critic=False)[0]
             logp_first = first(b_pick["obs"], b_pick["actions"], critic=False)[0]
-        i_pick = int((logp_final - logp_first).argmax())
+        rise = logp_final - logp_first
+        if args.action is not None:
+            if not (b_pick["actions"] == args.action).any():
+                fail(f"--action {args.action}: no record of round {k_pick} takes that action")
+            rise[b_pick["actions"] != args.action] = -float("inf")
+        i_pick = int(rise.argmax())
     s_star = b_pick["obs"][i_pick:i_pick + 1]
     a_star = b_pick["actions"][i_pick:i_pick + 1]
     print(f"target: record {i_pick} of round {k_pick}: action {a_star.tolist()} in state "

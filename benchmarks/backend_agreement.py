@@ -4,7 +4,7 @@ checkpoint.pt, or agent.pt for older runs), tested on both backends with the sam
 
 Then standard PPO and IIF trained on each backend (the runs of results/backends.sh).
 
-    python benchmarks/backend_agreement.py [--runs results/runs] [--seed 50000]
+    python benchmarks/backend_agreement.py [--runs results/runs] [--seed 50000] [--training-only]
 """
 import argparse
 import glob
@@ -69,7 +69,11 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=50_000, help="first seed of the test episodes")
     parser.add_argument("--env", nargs="*", help="only these envs")
     parser.add_argument("--backends", default="results/backends", help="the runs of results/backends.sh")
+    parser.add_argument("--training-only", action="store_true", help="print only the table of training runs")
     cli = parser.parse_args()
+    if cli.training_only:
+        training_table(cli.backends)
+        sys.exit()
     torch.set_num_threads(1)
     torch.distributions.Distribution.set_default_validate_args(False)
     print("| env | policy (trained on) | episodes | gymnasium | envpool | difference / SE |")

@@ -6,10 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 F=results/figures
 D=results/diagnostics
-complete() {  # all of env $1's influence/none/random runs hold every round
-  for m in influence none random; do for s in 1 2 3; do
-    f=results/runs/$1__${m}__$s/metrics.csv
-    [ -f "$f" ] && [ "$(($(wc -l < "$f") - 1))" -ge "$2" ] || return 1
+complete() {  # all 3 seeds of env $1's runs (influence/none/random, or the methods $3...) hold $2 rounds
+  local env=$1 rounds=$2; shift 2
+  for m in ${@:-influence none random}; do for s in 1 2 3; do
+    f=results/runs/${env}__${m}__$s/metrics.csv
+    [ -f "$f" ] && [ "$(($(wc -l < "$f") - 1))" -ge "$rounds" ] || return 1
   done; done
 }
 python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels influence none random --out $F/curves_frozenlake.png > $F/curves_frozenlake.txt
@@ -44,10 +45,13 @@ if complete highway-v0 100; then  # on envpool
   python analysis.py curves --runs results/runs --env highway-v0 --labels influence none random --out $F/curves_highway.png > $F/curves_highway.txt
   python analysis.py efficiency --runs results/runs --env highway-v0 --at 20 25 28 > $F/efficiency_highway.md
 fi
+if [ -d $D/highway-v0__none__1/rounds ]; then  # Fig. 4: "slower" (action 4), on envpool
+  python analysis.py behavior-formation --run $D/highway-v0__none__1 --action 4 --phases 2.5 7.5 --out $F/behavior_formation_highway.png > $F/behavior_formation_highway.txt
+fi
 if complete LunarLander-v3 150; then  # on envpool, tested every 5th round
   python analysis.py curves --runs results/runs --env LunarLander-v3 --labels influence none random td-weight --out $F/curves_lunarlander.png > $F/curves_lunarlander.txt
   python analysis.py efficiency --runs results/runs --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander.md
-  if [ -f results/runs/LunarLander-v3__td-weight__3/metrics.csv ]; then
+  if complete LunarLander-v3 150 td-weight; then
     python analysis.py efficiency --runs results/runs --env LunarLander-v3 --label td-weight --at 0 100 200 > $F/efficiency_td_lunarlander.md
   fi
 fi

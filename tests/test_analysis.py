@@ -137,6 +137,13 @@ def test_frozenlake_diagnostics_subcommands(frozenlake_runs, tmp_path):
     assert "Spearman" in out and "bottom 20 %" in out and (tmp_path / "a.png").exists()
     out = sh("analysis.py", "behavior-formation", "--run", saved, "--neighbours", "5", "--out", str(tmp_path / "f.png"))
     assert out.count("\n| ") == 6 + 1 and (tmp_path / "f.png").exists()  # header row + one per round
+    other = (int(re.search(r"action \[(\d)\]", out).group(1)) + 1) % 4  # not the default pick's action
+    out = sh("analysis.py", "behavior-formation", "--run", saved, "--neighbours", "5", "--action", str(other),
+             "--out", str(tmp_path / "f2.png"))
+    assert f"action [{other}] in state" in out
+    proc = subprocess.run([sys.executable, "analysis.py", "behavior-formation", "--run", saved, "--action", "7"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode != 0 and "--action 7: no record of round" in proc.stderr
     out = sh("analysis.py", "intervention", "--run", saved, "--every", "2", "--episodes", "4",
              "--out", str(tmp_path / "i.png"))
     assert "negatives dropped" in out and (tmp_path / "i.png").exists()
