@@ -624,7 +624,8 @@ class BehaviorFormation:
     """ROUND INDEX: (s*, a*) = this record of this round (default: the final buffer's record whose
     log pi(a|s) rose most from the first to the final network)"""
     action: Optional[int] = None
-    """pick the default record among those taking this action only (e.g. 4, SLOWER, on highway-v0)"""
+    """pick the default record among those taking this action only (e.g. 4, "slower", on
+    highway-v0)"""
     neighbours: int = 50
     """u of the u-nearest-neighbour graph"""
     phases: tuple[float, ...] = ()
@@ -647,6 +648,8 @@ def cmd_behavior_formation(args):
             logp_first = first(b_pick["obs"], b_pick["actions"], critic=False)[0]
         rise = logp_final - logp_first
         if args.action is not None:
+            if b_pick["actions"].dim() > 1:
+                fail(f"--action: {config['env_id']} has continuous actions; pick with --record")
             if not (b_pick["actions"] == args.action).any():
                 fail(f"--action {args.action}: no record of round {k_pick} takes that action")
             rise[b_pick["actions"] != args.action] = -float("inf")
