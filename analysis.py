@@ -27,13 +27,14 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Optional
+from typing import Literal, Optional
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import scipy.stats  # noqa: E402
 import torch  # noqa: E402
 import tyro  # noqa: E402
 
@@ -91,16 +92,28 @@ def record_levels(returns):
     return levels
 
 
-def efficiency(std_rows, iif_rows):
+def performance_levels(returns, reading="records", n=10):
+    """Sec. 5.2's "list of strictly increasing performance levels reached by standard training",
+    read two ways: records, the record test returns standard training set (its running maxima);
+    even, n evenly spaced levels above its lowest tested return, the last at its peak (the lowest
+    itself is left out: standard reaches it before any training shows)."""
+    if reading == "records":
+        return record_levels(returns)
+    tested = [r for r in returns if not math.isnan(r)]
+    return list(np.linspace(min(tested), max(tested), n + 1)[1:])
+
+
+def efficiency(std_rows, iif_rows, reading="records"):
     """SE_ave, SE_peak, RT_peak of one IIF run against one standard run, and how many levels IIF
-    never reached. SE(v) = 1 - m_IIF(v) / m_std(v). A level IIF never reaches counts with m_IIF =
-    its number of rounds + 1, a bound in IIF's favour. RT_peak = 1 - (IIF's influence +
-    optimisation time until it matches standard's peak) / (standard's optimisation time over all
-    its rounds): Table 3's formula (FrozenLake 1 - 64.64 / 93.85 = 31.1 %); standard PPO needs no
-    influence."""
+    never reached. SE(v) = 1 - m_IIF(v) / m_std(v), averaged over performance_levels(reading). A
+    level IIF never reaches counts with m_IIF = its number of rounds + 1, a bound in IIF's favour.
+    RT_peak = 1 - (IIF's influence + optimisation time until it matches standard's peak) /
+    (standard's optimisation time over all its rounds): Table 3's formula (FrozenLake 1 - 64.64 /
+    93.85 = 31.1 %); standard PPO needs no influence. SE_peak and RT_peak do not depend on the
+    reading."""
     std = [r["test_return_mean"] for r in std_rows]
     iif = [r["test_return_mean"] for r in iif_rows]
-    levels = record_levels(std)
+    levels = performance_levels(std, reading)
     m_iif = [min(first_round(iif, v), len(iif) + 1) for v in levels]
     se = [1 - mi / first_round(std, v) for mi, v in zip(m_iif, levels)]  # Sec. 5.2: SE(v)
     t_std = np.cumsum([r["t_optim"] for r in std_rows])
@@ -110,9 +123,26 @@ def efficiency(std_rows, iif_rows):
                 n_levels=len(levels), n_unreached=sum(mi > len(iif) for mi in m_iif))
 
 
+def mean_ci(x):
+    """Mean over seeds and its 95 % percentile-bootstrap interval (scipy.stats.bootstrap, 10,000
+    resamples, a fixed seed so that tables are reproducible)."""
+    x = np.asarray(x, dtype=float)
+    if len(x) < 2 or np.ptp(x) == 0:
+        return float(np.mean(x)), float(np.mean(x)), float(np.mean(x))
+    ci = scipy.stats.bootstrap((x,), np.mean, n_resamples=10_000, method="percentile",
+                               rng=np.random.default_rng(0)).confidence_interval
+    return float(np.mean(x)), float(ci.low), float(ci.high)
+
+
+def fmt_ci(x, scale=100.0, fmt=".1f"):
+    mean, low, high = (scale * v for v in mean_ci(x))
+    return f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+
+
 @dataclass
 class Efficiency:
-    """SE_ave, SE_peak, RT_peak and the runtime breakdown (Fig. 6b, Table 3)"""
+    """SE_ave (both readings of the levels), SE_peak, RT_peak with 95 % bootstrap intervals over
+    seeds, and the runtime breakdown (Fig. 6b, Table 3)"""
     env: tuple[str, ...]
     """env ids"""
     runs: str = "results/runs"
@@ -121,25 +151,31 @@ class Efficiency:
     """label compared with standard PPO ('none')"""
     at: tuple[float, ...] = ()
     """also print SE(v) at these test-return levels v"""
+    levels: Literal["both", "records", "even"] = "both"
+    """SE_ave's performance levels: standard's record returns, 10 even levels up to its peak, or
+    a column for each"""
 
 
 def cmd_efficiency(args):
     name = LABELS.get(args.label, args.label)
-    print(f"| env | method | seeds | SE_ave | SE_peak | RT_peak | levels (not reached by {name}) |")
-    print("|---|---|---|---|---|---|---|")
+    readings = ("records", "even") if args.levels == "both" else (args.levels,)
+    print("Mean over seeds [95 % bootstrap interval], in %. SE_ave over standard's record returns "
+          "and/or 10 even levels up to its peak; levels: records per seed (how many "
+          f"{name} never reached)\n")
+    head = " | ".join(f"SE_ave, {r}" for r in readings)
+    print(f"| env | method | seeds | {head} | SE_peak | RT_peak | levels |")
+    print("|---|---|---|" + "---|" * len(readings) + "---|---|---|")
     breakdown = []
     at = []
     for env_id in args.env:
         runs = load_runs(args.runs, env_id)
         seeds = sorted(set(runs["none"]) & set(runs[args.label]))
         res = [efficiency(runs["none"][s], runs[args.label][s]) for s in seeds]
-        cell = {}
-        for key in ("se_ave", "se_peak", "rt_peak"):
-            x = [r[key] for r in res]
-            cell[key] = f"{100 * np.mean(x):.1f} ± {100 * np.std(x):.1f} %"
+        cells = [fmt_ci([efficiency(runs["none"][s], runs[args.label][s], r)["se_ave"]
+                         for s in seeds]) for r in readings]
+        cells += [fmt_ci([r["se_peak"] for r in res]), fmt_ci([r["rt_peak"] for r in res])]
         levels = ", ".join(f"{r['n_levels']} ({r['n_unreached']})" for r in res)
-        print(f"| {env_id} | {name} | {len(seeds)} | {cell['se_ave']} | {cell['se_peak']} "
-              f"| {cell['rt_peak']} | {levels} |")
+        print(f"| {env_id} | {name} | {len(seeds)} | {' | '.join(cells)} | {levels} |")
         for v in args.at:  # seeds whose standard run never reaches v have no SE(v)
             m = []
             for s in seeds:
@@ -190,18 +226,21 @@ class Ablation:
 
 
 def cmd_ablation(args):
-    """One row per recipe: IIF against standard PPO under it, and where standard PPO itself gets."""
-    def pm(x, scale=1.0, fmt=".1f"):
-        return f"{scale * np.mean(x):{fmt}} ± {scale * np.std(x):{fmt}}"
+    """One row per recipe: IIF against standard PPO under it (means over seeds [95 % bootstrap
+    intervals]), and the final test returns of standard PPO, IIF and random filtering."""
+    def pm(x, fmt):
+        return f"{np.mean(x):{fmt}} ± {np.std(x):{fmt}}" if len(x) else "-"
     rounds = {e: int(n) for e, n in (c.split("=") for c in args.complete)}
-    print(f"| env | recipe | seeds | SE_ave % | SE_peak % | RT_peak % | standard, round "
-          f"{args.at_round} | standard, final | IIF, final |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    moves = []
+    print("SE in %, mean over seeds [95 % bootstrap interval]; returns: mean ± std over seeds\n")
+    print(f"| env | recipe | seeds | SE_ave, records | SE_ave, even | SE_peak | RT_peak "
+          f"| standard, round {args.at_round} | standard, final | IIF, final | random, final |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for env_id in args.env:
         for variant in args.variants:
             path = os.path.join(args.runs, variant)
             runs = {}
-            if glob.glob(os.path.join(path, f"{env_id}__*")):
+            if glob.glob(os.path.join(path, f"{env_id}__*", "metrics.csv")):
                 runs = load_runs(path, env_id)
             seeds = sorted(set(runs.get("none", {})) & set(runs.get("influence", {})))
             if env_id in rounds:
@@ -210,13 +249,29 @@ def cmd_ablation(args):
             if not seeds:  # a recipe not run on this env
                 continue
             res = [efficiency(runs["none"][s], runs["influence"][s]) for s in seeds]
-            final = {m: [runs[m][s][-1]["test_return_mean"] for s in seeds]
-                     for m in ("none", "influence")}
+            even = [efficiency(runs["none"][s], runs["influence"][s], "even") for s in seeds]
+            final = {m: [runs[m][s][-1]["test_return_mean"] for s in seeds
+                         if s in runs.get(m, {}) and len(runs[m][s]) == len(runs["none"][s])]
+                     for m in ("none", "influence", "random")}
             at = [runs["none"][s][args.at_round - 1]["test_return_mean"] for s in seeds]
             fmt = ".3f" if abs(np.mean(final["none"])) < 10 else ".0f"
-            se = " | ".join(pm([r[k] for r in res], 100) for k in ("se_ave", "se_peak", "rt_peak"))
-            print(f"| {env_id} | {variant} | {len(seeds)} | {se} | {pm(at, fmt=fmt)} "
-                  f"| {pm(final['none'], fmt=fmt)} | {pm(final['influence'], fmt=fmt)} |")
+            se = [fmt_ci([r["se_ave"] for r in res]), fmt_ci([r["se_ave"] for r in even]),
+                  fmt_ci([r["se_peak"] for r in res]), fmt_ci([r["rt_peak"] for r in res])]
+            returns = [pm(at, fmt)] + [pm(final[m], fmt) for m in ("none", "influence", "random")]
+            print(f"| {env_id} | {variant} | {len(seeds)} | {' | '.join(se)} "
+                  f"| {' | '.join(returns)} |")
+            rows = {m: [r for s in seeds for r in runs[m][s]] for m in ("none", "influence")}
+            if all("kl" in r for r in rows["influence"]):  # runs that log it
+                kl = [np.median([r["kl"] for r in rows[m]]) for m in ("none", "influence")]
+                filtered = np.mean([r["n_dropped"] > 0 for r in rows["influence"]])
+                moves.append(f"| {env_id} | {variant} | {kl[0]:.4f} | {kl[1]:.4f} "
+                             f"| {kl[1] / kl[0]:.1f} | {100 * filtered:.0f} % |")
+    if moves:
+        print("\nHow far a round moves the policy: median over rounds and seeds of KL(pi_theta(k) || "
+              "pi_theta(k+1)) on B(k); rounds in which IIF dropped records\n")
+        print("| env | recipe | KL, standard | KL, IIF | IIF / standard | rounds filtered |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(moves))
 
 
 # ---- Fig. 6a, Fig. 13: test return over rounds ----
@@ -386,6 +441,8 @@ def load_config(run_dir):
     config.setdefault("influence_loss", "full")
     config.setdefault("env_backend", "gymnasium")
     config.setdefault("target_adv", "normalized" if config["adv_norm"] == "buffer" else "raw")
+    for key, value in iif.ADDED_FLAGS.items():
+        config.setdefault(key, value)
     return config
 
 
@@ -494,6 +551,64 @@ def cmd_bottom_records(args):
     fig.tight_layout()
     fig.savefig(args.out, dpi=130)
     print(f"wrote {args.out}")
+
+
+@dataclass
+class Dropped:
+    """what the filter dropped, round by round: by action, by the sign of A_hat, by episode outcome,
+    with the target's agreement and how far the round moved the policy"""
+    run: str
+    """an iif.py run made with --save-rounds"""
+    every: int = 1
+    """every N-th saved round"""
+
+
+def episode_returns(b):
+    """Each record's episode's undiscounted return within the buffer (nan if it did not end)."""
+    rewards, dones = b["rewards"].numpy(), b["dones"].numpy()
+    out = np.full(len(rewards), np.nan)
+    start = 0
+    for t in np.flatnonzero(dones):  # one environment: records are in step order
+        out[start:t + 1] = rewards[start:t + 1].sum()
+        start = t + 1
+    return out
+
+
+def cmd_dropped(args):
+    config = load_config(args.run)
+    if config["num_envs"] != 1:
+        fail("dropped reads episodes from step order: a run with --num-envs 1")
+    metrics = read_metrics(os.path.join(args.run, "metrics.csv"))
+    rounds = saved_rounds(args.run)[::args.every]
+    print("| round | test | agreement | KL | dropped | A_hat > 0: dropped / all | from episodes with "
+          "return > 0: dropped / all | most over-dropped action: dropped / all |")
+    print("|---|---|---|---|---|---|---|---|")
+    for k in rounds:
+        b = load_round(args.run, k)
+        agent = agent_for(config, b["state_dict"])
+        adv = raw_advantages(b)
+        weights = torch.as_tensor(adv if config["target_adv"] == "raw" else iif.normalize(adv))
+        agreement = iif.target_agreement(agent, (b["obs"], b["actions"], weights))
+        drop = ~b["kept"].numpy()
+        success = episode_returns(b) > 0
+        row = metrics[k]
+        cells = [f"{row['test_return_mean']:.3f}", f"{agreement:+.2f}", f"{row.get('kl', math.nan):.3f}",
+                 f"{drop.sum()}"]
+        if not drop.any():
+            print(f"| {k} | {' | '.join(cells)} | - | - | - |")
+            continue
+        cells.append(f"{np.mean(adv[drop] > 0):.2f} / {np.mean(adv > 0):.2f}")
+        cells.append(f"{np.mean(success[drop]):.2f} / {np.mean(success):.2f}")
+        if not b["actions"].is_floating_point():  # discrete actions
+            actions = b["actions"].numpy()
+            share = {a: (np.mean(actions[drop] == a), np.mean(actions == a)) for a in np.unique(actions)}
+            a, (d, n) = max(share.items(), key=lambda kv: kv[1][0] - kv[1][1])
+            cells.append(f"{a}: {d:.2f} / {n:.2f}")
+        else:
+            cells.append("-")
+        print(f"| {k} | {' | '.join(cells)} |")
+    print("\nagreement: mean pairwise cosine of grad f_return over 8 slices of B(k); KL: the round's "
+          "KL(pi_theta(k) || pi_theta(k+1)) from metrics.csv (nan where not logged)")
 
 
 def rankdata(x):
@@ -969,6 +1084,7 @@ COMMANDS = {  # subcommand: (its flags, what it runs)
     "efficiency": (Efficiency, cmd_efficiency),
     "ablation": (Ablation, cmd_ablation),
     "bottom-records": (BottomRecords, cmd_bottom_records),
+    "dropped": (Dropped, cmd_dropped),
     "advantage-diagnosis": (AdvantageDiagnosis, cmd_advantage_diagnosis),
     "behavior-formation": (BehaviorFormation, cmd_behavior_formation),
     "intervention": (Intervention, cmd_intervention),

@@ -7,6 +7,10 @@ most harmful records and runs the ordinary PPO update on the rest (Alg. 1).
 
     python iif.py --env-id FrozenLake-v1    # about a minute on one CPU core
     python iif.py --env-id Acrobot-v1 --filter-method none    # standard PPO
+
+On an environment outside the paper, IIF filters only the rounds whose target gradient agrees
+across the buffer (--min-agreement 0.2): filtering every round, as the paper does, slowed or
+destabilised three of the four other environments we tried (docs/results.md).
 """
 import csv
 import dataclasses
@@ -55,16 +59,18 @@ PRESETS = {
 }
 # not the paper's task: 3 lanes, 5 Hz, 30-step episodes; highway-env's quick variant of highway-v0
 PRESETS["highway-fast-v0"] = {k: v for k, v in PRESETS["highway-v0"].items() if k != "envpool"}
-# any other env: SB3's PPO defaults, 50 rounds
+# any other env: SB3's PPO defaults, 50 rounds, and IIF only in rounds whose target is signal
+# (--min-agreement; without it IIF slowed or destabilised envs outside the paper, docs/results.md)
 DEFAULTS = dict(total_timesteps=102_400, optimizer="adam", learning_rate=3e-4, filter_p=0.5,
-                eval_episodes=100)
+                eval_episodes=100, min_agreement=0.2)
 
 
 @dataclasses.dataclass
 class Args:
     env_id: str = "Acrobot-v1"
     """gymnasium id: a paper preset (FrozenLake-v1, MiniGrid-Empty-8x8-v0, Acrobot-v1, highway-v0,
-    highway-fast-v0, LunarLander-v3, BipedalWalker-v3) or any env with Box/Discrete spaces"""
+    highway-fast-v0, LunarLander-v3, BipedalWalker-v3) or any env with Box/Discrete spaces (which
+    filters only where the target agrees across the buffer: see --min-agreement)"""
     seed: int = 1
     """seed of torch, numpy, the environments and the filter"""
     run_name: Optional[str] = None
@@ -141,6 +147,9 @@ class Args:
     """entropy bonus coefficient"""
     vf_coef: float = 0.5
     """value loss coefficient"""
+    target_kl: float = 0.0
+    """stop a round's update once a minibatch's approximate KL(pi_theta(k) || pi_theta) passes 1.5 x
+    this (SB3's early stop); 0 disables it (the paper, the released code and SB3's default)"""
 
     # The released code's choices, which produced the paper's numbers (docs/results.md)
     max_grad_norm: float = 0.0
@@ -157,6 +166,18 @@ class Args:
     """the per-record loss l_i inside the influence: policy: the clipped surrogate and entropy only
     (the released code); full: the PPO loss the update minimises, value term included. They differ
     only where policy and value share parameters (MiniGrid's CNN)"""
+    score_log_std: bool = True
+    """include a Gaussian policy's log-std in the influence (the released scorer hooked nn.Linear
+    layers only, which leaves it out)"""
+    influence_precond: Literal["none", "adam"] = "none"
+    """the step a record's gradient makes, inside the influence: none: the gradient itself (an SGD
+    step, the paper's and the released code's score); adam: the gradient divided by sqrt of Adam's
+    second-moment estimate, the step Adam takes (needs --optimizer adam)"""
+    min_agreement: Optional[float] = None
+    """filter a round only if f_return's gradient agrees across 8 consecutive slices of the
+    rollout's steps (mean cosine at least this); a round below it keeps every record (and random
+    drops none). -1: always filter, agreement not computed (None: the preset's: -1, the paper,
+    on the paper's envs; 0.2 on any other env)"""
     filter_ties: Literal["keep", "drop"] = "keep"
     """records tied with the score at the cut: keep: only records strictly below it are dropped
     (the released code); drop: exactly floor(p x negatives) are dropped, ties broken by buffer
@@ -322,12 +343,13 @@ def target_fn(agent, params, t_obs, t_actions, t_weights):
     return (logp * t_weights).mean()
 
 
-def influence(agent, b, idx, target, args, adv=None):
+def influence(agent, b, idx, target, args, adv=None, precond=None):
     """Influence of records idx (Sec. 3.1): I_i = <grad f(theta), -grad l_i(theta)>, at the agent's
     current parameters. Exact and batched: one backward pass gives g = grad f, one forward-mode pass
     (jvp) gives the directional derivatives dl_i/dtheta . g of all records at once.
     target: (obs, actions, weights) of target_fn; adv: the A_hat of the records inside l_i (default
-    b["advantages"][idx]); --influence-loss policy drops l_i's value term."""
+    b["advantages"][idx]); --influence-loss policy drops l_i's value term; precond: a diagonal
+    preconditioner P per parameter (adam_precond), giving I_i = <grad f, -P grad l_i>."""
     vf_coef = 0.0 if args.influence_loss == "policy" else args.vf_coef
     params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
     # 1. g = grad f(theta), one backward pass
@@ -335,6 +357,10 @@ def influence(agent, b, idx, target, args, adv=None):
                                 allow_unused=True)
     # 2. f never reaches a separate critic: those parameters get no tangent and stay fixed
     g = {k: gk for k, gk in zip(params, grads) if gk is not None}
+    if not args.score_log_std:  # --no-score-log-std: as if log-std were not a parameter
+        g.pop("log_std", None)
+    if precond is not None:  # <g, P grad l_i> = <P g, grad l_i> for a diagonal P
+        g = {k: gk * precond[k] for k, gk in g.items()}
     primals = {k: params[k].detach() for k in g}
     frozen = {k: v.detach() for k, v in params.items() if k not in g}
 
@@ -345,6 +371,36 @@ def influence(agent, b, idx, target, args, adv=None):
     _, dl = jvp(losses, (primals,), (g,))
     # 4. I_i = <g, -grad l_i>
     return -dl
+
+
+def target_agreement(agent, target, n_slices=8):
+    """Mean cosine between the gradients of f over n_slices consecutive slices of the target's
+    records (B(k) in step order). Well above 0: the slices of the buffer point f the same way;
+    near 0: grad f is this buffer's noise, and the scores made with it rank records by noise."""
+    params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
+    grads = []
+    for part in torch.arange(len(target[0])).tensor_split(n_slices):
+        g = torch.autograd.grad(target_fn(agent, params, *(x[part] for x in target)),
+                                list(params.values()), allow_unused=True)
+        grads.append(torch.cat([gi.flatten() for gi in g if gi is not None]))
+    g = nn.functional.normalize(torch.stack(grads), dim=1)
+    return float(((g @ g.T).sum() - n_slices) / (n_slices * (n_slices - 1)))
+
+
+def adam_precond(agent, optimizer):
+    """--influence-precond adam: Adam moves theta by -lr m_hat / (sqrt(v_hat) + eps), so to first
+    order a record's gradient g_i moves it along P g_i with P = 1 / (sqrt(v_hat) + eps), v_hat
+    Adam's bias-corrected second moment (as LESS scores data for Adam). None before Adam's first
+    step (round 0 then scores with the plain gradient, P = 1)."""
+    beta2, eps = optimizer.param_groups[0]["betas"][1], optimizer.param_groups[0]["eps"]
+    precond = {}
+    for name, p in agent.named_parameters():
+        state = optimizer.state.get(p)
+        if not state:
+            return None
+        v_hat = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
+        precond[name] = 1.0 / (v_hat.sqrt() + eps)
+    return precond
 
 
 def scoring_advantages(b, args):
@@ -373,6 +429,14 @@ def filter_records(scores, method, p, gen, ties="drop"):
     return kept, n_neg
 
 
+@torch.no_grad()
+def approx_kl(agent, b, idx):
+    """KL(pi_theta(k) || pi_theta) estimated on records idx, whose actions pi_theta(k) sampled:
+    the mean of (r - 1) - log r, r = pi_theta(a|s) / pi_theta(k)(a|s) (unbiased, never negative)."""
+    logratio = agent(b["obs"][idx], b["actions"][idx], critic=False)[0] - b["logprobs"][idx]
+    return float((logratio.exp() - 1 - logratio).mean())
+
+
 def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=None):
     """Stage III of Alg. 1: the usual PPO epochs, over the kept records only. Minibatches keep their
     size; when it does not divide the kept count, each epoch's (reshuffled) remainder is skipped, as
@@ -395,12 +459,17 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
         perm = kept_idx[torch.as_tensor(order)]
         for start in range(0, len(perm) - mbs + 1, mbs):
             mb_inds = perm[start:start + mbs]
+            if args.target_kl > 0 and approx_kl(agent, b, mb_inds) > 1.5 * args.target_kl:
+                return n_updates, tracin, t_tracin  # the policy left the trust region of theta(k)
             mb_adv = b["advantages"][mb_inds]
             if args.adv_norm == "minibatch":
                 mb_adv = normalize(mb_adv)
             if tracin is not None:
                 t0 = time.perf_counter()
-                step_scores = influence(agent, b, mb_inds, target, args, mb_adv)
+                precond = None
+                if args.influence_precond == "adam":
+                    precond = adam_precond(agent, optimizer)
+                step_scores = influence(agent, b, mb_inds, target, args, mb_adv, precond)
                 t_tracin += time.perf_counter() - t0
             loss = ppo_losses(agent, b, mb_inds, args, adv=mb_adv).mean()
             if not torch.isfinite(loss):
@@ -583,6 +652,8 @@ def resolve_args(args):
     for key in ("total_timesteps", "optimizer", "learning_rate", "filter_p", "eval_episodes"):
         if getattr(args, key) is None:
             setattr(args, key, preset[key])
+    if args.min_agreement is None:
+        args.min_agreement = preset.get("min_agreement", -1.0)
     args.env_kwargs = preset.get("env_kwargs", {})
     if not 0 < args.filter_p <= 1:
         fail(f"--filter-p must be in (0, 1], got {args.filter_p}")
@@ -590,6 +661,8 @@ def resolve_args(args):
                 "eval_every", "threads"):
         if getattr(args, key) < 1:
             fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
+    if args.target_kl < 0:
+        fail(f"--target-kl must be 0 (off) or positive, got {args.target_kl}")
     if not args.learning_rate > 0:
         fail(f"--learning-rate must be positive, got {args.learning_rate}")
     args.batch_size = args.num_steps * args.num_envs
@@ -600,6 +673,11 @@ def resolve_args(args):
         fail(f"--total-timesteps {args.total_timesteps} is not a positive multiple of the buffer "
              f"size --num-steps x --num-envs = {args.batch_size}")
     args.num_rounds = args.total_timesteps // args.batch_size
+    if args.influence_precond == "adam" and args.optimizer != "adam":
+        fail(f"--influence-precond adam scores the steps Adam takes; --optimizer is "
+             f"{args.optimizer} (use --influence-precond none)")
+    if not -1 <= args.min_agreement <= 1:
+        fail(f"--min-agreement is a cosine in [-1, 1], got {args.min_agreement}")
     if args.influence_mode == "tracin" and not args.save_rounds:
         fail("--influence-mode tracin writes its scores into the round files: add --save-rounds")
     has_envpool = importlib.util.find_spec("envpool") is not None
@@ -665,13 +743,17 @@ def resolve_args(args):
 
 
 METRICS = ["round", "global_step", "train_return", "test_return_mean", "test_return_std",
-           "n_records", "n_kept", "n_dropped", "n_negative", "n_updates",
+           "n_records", "n_kept", "n_dropped", "n_negative", "agreement", "n_updates", "kl",
            "t_rollout", "t_influence", "t_optim", "t_eval"]
 
 
 # flags a resumed run may change, and the values resolve_args derives from the others
 NOT_COMPARED = ("resume", "threads", "runs_dir", "batch_size", "num_rounds", "env_kwargs",
                 "target_obs", "target_act")
+
+
+# flags newer than some saved runs: a config.json without them was made with them off
+ADDED_FLAGS = dict(min_agreement=-1.0, influence_precond="none", target_kl=0.0, score_log_std=True)
 
 
 def save_checkpoint(path, state):
@@ -690,7 +772,7 @@ def load_checkpoint(run_dir, args):
     if not os.path.exists(path):
         return None
     with open(os.path.join(run_dir, "config.json")) as f:
-        saved = json.load(f)
+        saved = {**ADDED_FLAGS, **json.load(f)}
     flags = [f.name for f in dataclasses.fields(Args) if f.name not in NOT_COMPARED]
     changed = [f"--{k.replace('_', '-')} {saved.get(k)} (now {getattr(args, k)})" for k in flags
                if saved.get(k) != getattr(args, k)]
@@ -806,11 +888,16 @@ def main(args):
         else:
             target = action_target
         all_records = torch.arange(args.batch_size)
-        scores = influence(agent, b, all_records, target, args, scoring_advantages(b, args))
+        precond = adam_precond(agent, optimizer) if args.influence_precond == "adam" else None
+        scores = influence(agent, b, all_records, target, args, scoring_advantages(b, args),
+                           precond)
         if not torch.isfinite(scores).all():
             fail(f"round {k}: non-finite influence scores; lower --learning-rate")
-        kept, n_negative = filter_records(scores, args.filter_method, args.filter_p, gen,
-                                          args.filter_ties)
+        agreement, p = None, args.filter_p
+        if args.target == "f_return" and args.min_agreement > -1:  # is grad f signal or noise?
+            agreement = target_agreement(agent, target)
+            p = args.filter_p if agreement >= args.min_agreement else 0.0
+        kept, n_negative = filter_records(scores, args.filter_method, p, gen, args.filter_ties)
         sample_p = None  # the baselines (App. C.4, C.5) replace the filter
         if args.filter_method in ("adv-error", "adv-product"):
             keys = np.array([o.tobytes() for o in obs.reshape(T * N, -1)]).reshape(T, N)
@@ -836,6 +923,7 @@ def main(args):
             fail(f"round {k}: {e}; lower --learning-rate, or clip gradients with --max-grad-norm")
         t_optim = time.perf_counter() - t0 - t_tracin
         t_influence += t_tracin
+        kl = approx_kl(agent, b, all_records)  # how far the round moved the policy, on all of B(k)
 
         # test the policy at theta(k+1) (App. B.2)
         t0 = time.perf_counter()
@@ -849,7 +937,8 @@ def main(args):
         row = dict(round=k, global_step=(k + 1) * args.batch_size, train_return=train_return,
                    test_return_mean=test_mean, test_return_std=test_std,
                    n_records=args.batch_size, n_kept=int(kept.sum()), n_dropped=int((~kept).sum()),
-                   n_negative=n_negative, n_updates=n_updates, t_rollout=t_rollout,
+                   n_negative=n_negative, agreement=agreement, n_updates=n_updates, kl=kl,
+                   t_rollout=t_rollout,
                    t_influence=t_influence, t_optim=t_optim, t_eval=t_eval)
         writer.writerow(row)
         metrics_file.flush()
@@ -863,9 +952,10 @@ def main(args):
             torch_rng=torch.get_rng_state(), numpy_rng=rng.bit_generator.state,
             filter_rng=gen.get_state()))
         test = "-" if test_mean is None else f"{test_mean:.3f} +- {test_std:.3f}"
+        agree = "" if agreement is None else f" agree {agreement:+.2f}"
         print(f"round {k} [{k + 1}/{args.num_rounds}] step {row['global_step']} "
               f"| train {train_return:.3f} test {test} "
-              f"| kept {row['n_kept']}/{args.batch_size} (neg {n_negative}) "
+              f"| kept {row['n_kept']}/{args.batch_size} (neg {n_negative}{agree}) "
               f"| s: rollout {t_rollout:.2f} influence {t_influence:.2f} optim {t_optim:.2f} "
               f"eval {t_eval:.2f}", flush=True)
     torch.save(agent.state_dict(), os.path.join(run_dir, "agent.pt"))

@@ -83,6 +83,22 @@ fi
 if [ -d results/runs/MiniGrid-Empty-8x8-v0__none__1/rounds ]; then
   python analysis.py counterfactual --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 0 10 20 25 35 --subsets 50 --out $F/counterfactual_minigrid.png > $F/counterfactual_minigrid.md
 fi
+# environments outside the paper (docs/results.md): bash results/generic.sh, and its second command
+GE="CartPole-v1 Pendulum-v1 MiniGrid-DoorKey-5x5-v0 LunarLanderContinuous-v3"
+GC="CartPole-v1=30 Pendulum-v1=50 MiniGrid-DoorKey-5x5-v0=30 LunarLanderContinuous-v3=50"
+if [ -d results/generic/base ]; then
+  python analysis.py ablation --runs results/generic --variants base guard adam-precond target-normalized clip target-kl p0.125 \
+    --env $GE --complete $GC > $F/generic_ablation.md
+  for r in base guard; do
+    python analysis.py curves --runs results/generic/$r --env $GE --labels influence none random --out $F/generic_$r.png > $F/generic_$r.txt
+  done
+fi
+if [ -f results/generic/paper-guard/Acrobot-v1__influence__3/metrics.csv ]; then
+  python analysis.py ablation --runs results --variants runs generic/paper-guard --env Acrobot-v1 --complete Acrobot-v1=50 > $F/paper_guard.md
+fi
+if [ -d $D/MiniGrid-DoorKey-5x5-v0__influence__1/rounds ]; then
+  python analysis.py dropped --run $D/MiniGrid-DoorKey-5x5-v0__influence__1 > $F/dropped_doorkey.md
+fi
 V="first-release released-code no-clip keep-ties raw-target minibatch-norm policy-loss"  # bash results/ablation.sh
 python analysis.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 \
   --complete FrozenLake-v1=50 Acrobot-v1=50 MiniGrid-Empty-8x8-v0=40 > $F/ablation.md

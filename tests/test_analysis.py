@@ -51,6 +51,26 @@ def test_efficiency_with_a_level_iif_never_reaches():
     assert e["rt_peak"] == pytest.approx(1 - 3 / 3)  # all of IIF's time against all of standard's
 
 
+def test_even_levels_and_their_se():
+    returns = [0.0, 0.2, float("nan"), 0.5, 1.0]  # --eval-every: the nan round sets no level
+    assert analysis.performance_levels(returns, "even", 4) == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert analysis.performance_levels(returns) == [0.0, 0.2, 0.5, 1.0]
+    std = rows([0.0, 0.2, 0.2, 0.5, 0.5, 1.0])
+    iif = rows([0.0, 0.5, 0.65, 1.0, 1.0, 1.0])
+    # ten levels .1, .2, ..., 1: standard after 2, 2, 4, 4, 4, 6 x 5 rounds; IIF after 2 x 5, 3, 4 x 4
+    expected = np.mean([0, 0, 1 - 2 / 4, 1 - 2 / 4, 1 - 2 / 4, 1 - 3 / 6] + [1 - 4 / 6] * 4)
+    assert analysis.efficiency(std, iif, "even")["se_ave"] == pytest.approx(expected)
+    assert analysis.efficiency(std, iif, "even")["se_peak"] == analysis.efficiency(std, iif)["se_peak"]
+
+
+def test_mean_ci_is_scipys_percentile_bootstrap():
+    x = [0.1, 0.3, 0.2, 0.6, 0.4]
+    mean, low, high = analysis.mean_ci(x)
+    assert mean == pytest.approx(0.32) and min(x) <= low < mean < high <= max(x)
+    assert analysis.mean_ci([0.5, 0.5]) == (0.5, 0.5, 0.5)  # no spread: no interval to draw
+    assert analysis.mean_ci(x) == (mean, low, high)  # a fixed seed: the same table every time
+
+
 def test_rt_peak_divides_by_standard_time_over_all_rounds():
     # Table 3's formula: standard peaks at round 3 of 5, but its denominator is all 5 rounds' optimisation
     std = [dict(test_return_mean=r, t_optim=t, t_influence=0.0)
@@ -149,6 +169,21 @@ def test_frozenlake_diagnostics_subcommands(frozenlake_runs, tmp_path):
     assert "negatives dropped" in out and (tmp_path / "i.png").exists()
 
 
+def test_episode_returns_by_hand():
+    b = dict(rewards=torch.tensor([0.0, 0.0, 1.0, 0.0, 0.5, 0.0]), dones=torch.tensor([0.0, 0, 1, 0, 1, 0]))
+    np.testing.assert_array_equal(analysis.episode_returns(b), [1, 1, 1, 0.5, 0.5, np.nan])  # the last did not end
+
+
+def test_dropped_subcommand(tmp_path):
+    saved = iif_run(tmp_path, "cp", "--env-id", "CartPole-v1", "--save-rounds", "--min-agreement", "-1",
+                    "--total-timesteps", "512", *TINY)
+    out = sh("analysis.py", "dropped", "--run", saved)
+    rows = [line.split(" | ") for line in out.splitlines() if re.match(r"\| \d", line)]
+    metrics = analysis.read_metrics(os.path.join(saved, "metrics.csv"))
+    assert [int(r[4]) for r in rows] == [int(m["n_dropped"]) for m in metrics] and len(rows) == 2
+    assert all(-1 <= float(r[2]) <= 1 and float(r[3]) == pytest.approx(m["kl"], abs=1e-3) for r, m in zip(rows, metrics))
+
+
 def test_minigrid_bottom_records(tmp_path):
     saved = iif_run(tmp_path, "mg", "--env-id", "MiniGrid-Empty-8x8-v0", "--filter-method", "none", "--save-rounds",
                     "--total-timesteps", "256", *TINY)
@@ -172,8 +207,11 @@ def test_ablation_table_from_hand_made_runs(tmp_path):
     out = sh("analysis.py", "ablation", "--runs", str(tmp_path), "--variants", "a", "b", "--env", "E-v0",
              "--at-round", "2", "--complete", "E-v0=4")
     se_ave, se_peak, rt_peak = np.mean([0, 1 - 1 / 2, 1 - 2 / 4]), 1 - 2 / 4, 1 - 2 * 1.5 / 4
-    assert (f"| E-v0 | a | 1 | {100 * se_ave:.1f} ± 0.0 | {100 * se_peak:.1f} ± 0.0 | {100 * rt_peak:.1f} ± 0.0 "
-            "| 0.300 ± 0.000 | 0.900 ± 0.000 | 0.900 ± 0.000 |") in out
+    # even levels .18, .26, ..., .9 (10 above the lowest, 0.1): standard after 2 rounds up to .3, then 4;
+    # IIF after 1, then 2
+    se_even = np.mean([1 - 1 / 2] * 3 + [1 - 2 / 4] * 7)
+    cell = [f"{100 * x:.1f} [{100 * x:.1f}, {100 * x:.1f}]" for x in (se_ave, se_even, se_peak, rt_peak)]
+    assert (f"| E-v0 | a | 1 | {' | '.join(cell)} | 0.300 ± 0.000 | 0.900 ± 0.000 | 0.900 ± 0.000 | - |") in out
     assert "| E-v0 | b |" not in out  # no IIF run: no row
 
 

@@ -35,10 +35,17 @@ def test_every_preset_runs_two_rounds(tmp_path, env_id):
     rows = read_metrics(tmp_path)
     assert [r["round"] for r in rows] == ["0", "1"] and rows[1]["global_step"] == "64"
     assert list(rows[0]) == iif.METRICS
+    preset = iif.PRESETS.get(env_id, iif.DEFAULTS)
     for r in rows:
         assert int(r["n_kept"]) + int(r["n_dropped"]) == int(r["n_records"]) == 32
-        p = iif.PRESETS.get(env_id, iif.DEFAULTS)["filter_p"]
-        assert int(r["n_dropped"]) == int(int(r["n_negative"]) * p)
+        # a round whose target gradients disagree across the buffer's slices drops nothing
+        if "min_agreement" in preset:
+            assert -1 <= float(r["agreement"]) <= 1
+            p = preset["filter_p"] if float(r["agreement"]) >= preset["min_agreement"] else 0
+        else:  # the paper's envs filter every round, and do not compute the agreement
+            p = preset["filter_p"]
+            assert r["agreement"] == ""
+        assert int(r["n_dropped"]) == int(int(r["n_negative"]) * p) and float(r["kl"]) >= 0
         assert int(r["n_updates"]) == 2 * (int(r["n_kept"]) // 16)
         assert float(r["test_return_std"]) >= 0 and float(r["t_optim"]) > 0
     assert "round 1 [2/2]" in proc.stdout
@@ -105,12 +112,26 @@ def test_f_action_target_from_the_command_line(tmp_path):
      "--target-action"),
     (["--filter-method", "best"], "--filter-method"),
     (["--env-id", "Pendulum-v1", "--filter-method", "adv-error"], "--filter-method"),
+    (["--env-id", "Acrobot-v1", "--influence-precond", "adam"], "--optimizer is sgd"),  # the preset's SGD
+    (["--min-agreement", "1.5"], "--min-agreement"),
+    (["--target-kl", "-0.1"], "--target-kl"),
 ])
 def test_bad_flags_fail_early_with_the_flag_named(tmp_path, flags, message):
     proc = run(tmp_path, *flags, check=False)
     assert proc.returncode != 0
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("method", ["influence", "random"])
+def test_min_agreement_keeps_every_record_of_a_round_below_it(tmp_path, method):
+    common = ["--env-id", "CartPole-v1", "--filter-method", method, *SHORT, "--total-timesteps", "96"]
+    run(tmp_path / "never", *common, "--min-agreement", "1")  # slices never agree perfectly
+    run(tmp_path / "always", *common, "--min-agreement", "-1")
+    never, always = read_metrics(tmp_path / "never"), read_metrics(tmp_path / "always")
+    assert all(r["n_dropped"] == "0" and float(r["agreement"]) < 1 for r in never)
+    assert all(int(r["n_dropped"]) == int(r["n_negative"]) // 2 for r in always)
+    assert all(r["agreement"] == "" for r in always)  # -1: not computed
 
 
 def test_non_finite_loss_stops_with_a_clear_message(tmp_path):

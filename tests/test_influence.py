@@ -11,7 +11,8 @@ import torch
 import iif
 
 ARGS = SimpleNamespace(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, minibatch_size=8, update_epochs=2, max_grad_norm=0.5,
-                       adv_norm="buffer", influence_loss="full")
+                       adv_norm="buffer", influence_loss="full", influence_precond="none", target_kl=0.0,
+                       score_log_std=True)
 
 SPACES = {
     "mlp": (gym.spaces.Box(-1, 1, (6,)), gym.spaces.Discrete(3)),
@@ -322,9 +323,9 @@ def test_main_passes_the_chosen_advantages_to_target_and_scoring(tmp_path, monke
     import tyro
     calls, scorer = [], iif.influence
 
-    def spy(agent, b, idx, target, args, adv=None):
+    def spy(agent, b, idx, target, args, adv=None, precond=None):
         calls.append((dict(b), target, adv))
-        return scorer(agent, b, idx, target, args, adv)
+        return scorer(agent, b, idx, target, args, adv, precond)
 
     monkeypatch.setattr(iif, "influence", spy)
     args = iif.resolve_args(tyro.cli(iif.Args, args=[
@@ -340,3 +341,72 @@ def test_main_passes_the_chosen_advantages_to_target_and_scoring(tmp_path, monke
     torch.testing.assert_close(adv, iif.normalize(raw), rtol=1e-4, atol=1e-4)  # l_i sees normalised A_hat in both
     torch.testing.assert_close(b["advantages"], iif.normalize(raw) if adv_norm == "buffer" else raw,
                                rtol=1e-4, atol=1e-4)  # what training starts from
+
+
+@pytest.mark.parametrize("kind", list(SPACES))
+def test_adam_preconditioned_influence_equals_per_record_autograd(kind):
+    """<grad f, -P grad l_i> with P = 1 / (sqrt(v_hat) + eps) from the optimizer's state, record by record"""
+    agent, b = make_agent_and_buffer(kind)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3, eps=1e-5)
+    assert iif.adam_precond(agent, optimizer) is None  # no second moment before the first step
+    for _ in range(3):
+        optimizer.zero_grad()
+        iif.ppo_losses(agent, b, torch.arange(40), ARGS).mean().backward()
+        optimizer.step()
+    precond = iif.adam_precond(agent, optimizer)
+    state = optimizer.state[agent.actor[0].weight]
+    v_hat = state["exp_avg_sq"] / (1 - 0.999 ** 3)
+    torch.testing.assert_close(precond["actor.0.weight"], 1 / (v_hat.sqrt() + 1e-5))
+    idx = torch.arange(10)
+    target = targets(agent, b)["f_return"]
+    ours = iif.influence(agent, b, idx, target, ARGS, precond=precond)
+    logp, _, _ = agent(*target[:2])
+    g = flat_grad((logp * target[2]).mean(), agent)
+    p = torch.cat([precond[name].flatten() for name, _ in agent.named_parameters()])
+    ref = torch.stack([-(g @ (p * flat_grad(reference_loss(agent, b, int(i), ARGS), agent))) for i in idx])
+    torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(ours, iif.influence(agent, b, idx, target, ARGS))  # P changes the scores
+
+
+def test_target_agreement_is_the_mean_pairwise_cosine_of_slices():
+    agent, b = make_agent_and_buffer("mlp", n=40)
+    target = targets(agent, b)["f_return"]
+    grads = []
+    for part in torch.arange(40).tensor_split(4):
+        logp, _, _ = agent(target[0][part], target[1][part])
+        grads.append(flat_grad((logp * target[2][part]).mean(), agent))
+    cos = [torch.nn.functional.cosine_similarity(grads[i], grads[j], dim=0) for i in range(4) for j in range(4) if i < j]
+    assert iif.target_agreement(agent, target, 4) == pytest.approx(float(torch.stack(cos).mean()), rel=1e-10)
+    same = tuple(x[:10].repeat(4, *[1] * (x.dim() - 1)) for x in target)  # four copies of one slice
+    assert iif.target_agreement(agent, same, 4) == pytest.approx(1.0, rel=1e-10)
+    flipped = (same[0], same[1], torch.cat([same[2][:20], -same[2][20:]]))  # two slices point the other way
+    assert iif.target_agreement(agent, flipped, 4) == pytest.approx((2 * 1 + 4 * -1) / 6, rel=1e-10)
+
+
+def test_target_kl_stops_the_update_early():
+    agent, b = make_agent_and_buffer("mlp", n=64)
+    b["logprobs"] = agent(b["obs"], b["actions"])[0].detach()  # pi_theta(k) sampled the buffer
+
+    def update(target_kl):
+        moved = copy.deepcopy(agent)
+        args = SimpleNamespace(**{**vars(ARGS), "max_grad_norm": 0.0, "update_epochs": 10, "target_kl": target_kl})
+        n, _, _ = iif.ppo_update(moved, torch.optim.Adam(moved.parameters(), lr=1e-2), b, torch.arange(64), args,
+                                 np.random.default_rng(0))
+        return n, iif.approx_kl(moved, b, torch.arange(64))
+
+    n_full, kl_full = update(0.0)
+    assert n_full == 10 * 8 and update(1e9)[0] == n_full  # 0 disables the check; a loose bound never stops
+    n, kl = update(1e-3)
+    assert 0 < n < n_full and 0 < kl < kl_full  # cut short, nearer theta(k)
+
+
+def test_no_score_log_std_leaves_the_gaussian_log_std_out():
+    agent, b = make_agent_and_buffer("gaussian")
+    idx, target = torch.arange(10), targets(agent, b)["f_return"]
+    without = SimpleNamespace(**{**vars(ARGS), "score_log_std": False})
+    logp, _, _ = agent(*target[:2])
+    g = flat_grad((logp * target[2]).mean(), agent)
+    g[[name == "log_std" for name, p in agent.named_parameters() for _ in range(p.numel())]] = 0
+    ref = torch.stack([-(g @ flat_grad(reference_loss(agent, b, int(i), ARGS), agent)) for i in idx])
+    torch.testing.assert_close(iif.influence(agent, b, idx, target, without), ref, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(iif.influence(agent, b, idx, target, ARGS), ref)  # log-std does count by default
