@@ -73,7 +73,9 @@ def test_two_steps_end_to_end(runs, method):
         if method == "none":
             assert int(r["n_kept"]) == 8 and r["n_negative"] == ""
         else:
-            assert 0 < int(r["n_kept"]) < 8  # an untrained policy's batch always holds harmful completions
+            assert 0 < int(r["n_kept"]) <= 8
+    if method != "none":  # an untrained policy's batches hold harmful completions
+        assert sum(int(r["n_kept"]) for r in rows) < 16
     if method == "random":  # the same first batch as IIF's, and as many completions dropped
         assert rows[0]["n_kept"] == read_rows(runs / "toy__influence__1")[0]["n_kept"]
     assert rows[0]["reward_mean"] == read_rows(runs / "toy__none__1")[0]["reward_mean"]  # same seed, same batch
@@ -132,6 +134,12 @@ def test_influence_matches_per_completion_autograd(toy, tmp_path, extra):
           f"(scores up to {brute.abs().max().item():.2e})")
     assert torch.allclose(scores, brute, rtol=1e-9, atol=1e-14), (scores, brute)
     assert (scores.abs() > 1e-8).all()
+    if "--no-lora" in extra:  # embeddings and norms train too: no activation form
+        assert grpo_iif.trained_linears(model) is None
+    else:  # the activation form, which sharded parameters use, gives the same scores
+        sharded = grpo_iif.influence_activations(model, b, b, args)
+        print(f"max |activation form - autograd| = {(sharded - brute).abs().max().item():.2e}")
+        assert torch.allclose(sharded, brute, rtol=1e-9, atol=1e-14), (sharded, brute)
 
 
 def test_validation_target_scores_the_batch_against_held_out_completions(toy, tmp_path):
@@ -143,18 +151,23 @@ def test_validation_target_scores_the_batch_against_held_out_completions(toy, tm
     assert not torch.allclose(grpo_iif.influence(model, b, t, args), grpo_iif.influence(model, b, b, args))
 
 
-def test_filter_drops_exactly_the_dropped_completions(toy, tmp_path):
-    args, trainer, b0 = trainer_and_batch(toy, tmp_path, "--filter-method", "none")
+@pytest.mark.parametrize("mini_batch", ["8", "2"])
+def test_filter_takes_the_dropped_completions_out(toy, tmp_path, mini_batch):
+    """The filtered batch holds the kept completions, then dropped ones with their mask zeroed up to
+    whole micro-batches (1 or 4 of them); its loss and gradient are those of the kept ones alone"""
+    args, trainer, b0 = trainer_and_batch(toy, tmp_path, "--filter-method", "none", "--mini-batch-size", mini_batch)
     model = trainer.accelerator.unwrap_model(trainer.model)
     trainer.iif_args.filter_method = "influence"
     torch.manual_seed(0)  # the same completions as b0, now filtered
     b = trainer._generate_and_score_completions([{"prompt": p} for p in trainer.train_dataset["prompt"][:4]
                                                  for _ in range(2)])
-    assert torch.equal(b["completion_ids"], b0["completion_ids"])
-    kept = b["completion_mask"].sum(1) > 0
-    assert kept.tolist() == (grpo_iif.influence(model, b0, b0, args) > 0).tolist() and 0 < kept.sum() < 8
-    assert torch.equal(b["completion_mask"][kept], b0["completion_mask"][kept])
-    only_kept = {k: v[kept] if isinstance(v, torch.Tensor) and v.ndim else v for k, v in b0.items()}
+    kept = grpo_iif.influence(model, b0, b0, args) > 0
+    k, n_micro = int(kept.sum()), trainer.args.steps_per_generation
+    assert 0 < k < 8 and n_micro == 8 // int(mini_batch)
+    assert len(b["advantages"]) == -(-k // n_micro) * n_micro  # k rounded up to whole micro-batches
+    assert torch.equal(b["completion_ids"][:k], b0["completion_ids"][kept])
+    assert torch.equal(b["completion_mask"][:k], b0["completion_mask"][kept]) and b["completion_mask"][k:].sum() == 0
+    only_kept = grpo_iif.take_rows(b0, kept.nonzero()[:, 0])
     only_kept["num_items_in_batch"] = b0["completion_mask"][kept].sum()
     assert b["num_items_in_batch"] == only_kept["num_items_in_batch"]
 
