@@ -669,6 +669,13 @@ def resolve_args(args):
              f"generation batch (--batch-size / (--mini-batch-size x {world_size()} processes x "
              "--gradient-accumulation-steps) x --num-iterations), so that a checkpoint falls "
              "between generation batches")
+    if args.report_to not in ("none", "all"):
+        from transformers.integrations import get_available_reporting_integrations
+        installed = get_available_reporting_integrations()
+        missing = sorted(set(args.report_to.split(",")) - set(installed))
+        if missing:
+            fail(f"--report-to {args.report_to}: {', '.join(missing)} is not installed or not a "
+                 f"tracker that transformers knows (installed: {', '.join(installed) or 'none'})")
     if args.run_name is None:
         args.run_name = f"grpo__{args.filter_method}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.runs_dir, args.run_name)
@@ -736,7 +743,7 @@ def make_trainer(args, dtype=torch.float32):
     try:
         config = make_config(args)
     except ValueError as e:
-        fail(f"--batch-size, --mini-batch-size, --num-generations, --report-to: {e}")
+        fail(f"--batch-size, --mini-batch-size, --num-generations: {e}")
     try:
         trainer = make_trainer_class()(
             model=lm, reward_funcs=make_reward_fn(rm), args=config, processing_class=tokenizer,

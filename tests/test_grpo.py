@@ -2,8 +2,10 @@
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -199,7 +201,10 @@ def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy, capsys):
                           (("--reward-label", "toxic"), "'nothate'"), (("--eval-every", "-1"), "--eval-every"),
                           (("--eval-samples", "0"), "--eval-samples"),
                           (("--eval-toxic-label", "toxic"), "'offensive'"),
-                          (("--lora-target-modules", "no_such_module"), "--lora-target-modules")]:
+                          (("--lora-target-modules", "no_such_module"), "--lora-target-modules"),
+                          (("--report-to", "no_such_tracker"), "--report-to"),
+                          (("--save-steps", "3", "--mini-batch-size", "4"), "--save-steps"),
+                          (("--resume-from-checkpoint", "last"), "no checkpoint-* folder")]:
         with pytest.raises(SystemExit) as e:
             grpo_iif.main(parse(toy, tmp_path, *extra))
         assert needle in str(e.value), (extra, e.value)
@@ -247,3 +252,44 @@ def test_docs_links_point_at_what_they_name():
         for name, line in links:  # the line that defines it: its def or class, or a "# Stage I (" comment
             defines = re.compile(rf"^\s*((def|class) {re.escape(name)}\(|# {re.escape(name)} \()")
             assert defines.match(lines[int(line) - 1]), f"{doc} links `{name}` to line {line}: {lines[int(line) - 1]!r}"
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(toy, tmp_path):
+    """A run killed (SIGKILL) after its checkpoint at step 4 continues from it with --resume-from-checkpoint last:
+    metrics.csv keeps the generation batches that the checkpoint holds, and the run goes on as one never killed"""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+
+    def cmd(name, steps, *extra):  # random filtering: its generator's state must come back too
+        return [sys.executable, os.path.join(ROOT, "grpo_iif.py"), *flags(toy, "--runs-dir", str(tmp_path)),
+                "--run-name", name, "--max-steps", str(steps), "--filter-method", "random", "--eval-every", "0",
+                "--save-steps", "4", *extra]
+    subprocess.run(cmd("whole", 6), env=env, check=True, capture_output=True, timeout=300)
+    run = tmp_path / "killed"
+    proc = subprocess.Popen(cmd("killed", 100), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:  # one generation batch a step: kill it once the 6th has begun, before its next checkpoint (step 8)
+        while not ((run / "metrics.csv").exists() and len(read_rows(run)) >= 5):
+            assert proc.poll() is None, "the run ended first"
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+    assert proc.wait() == -signal.SIGKILL
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-4"]
+    out = subprocess.run(cmd("killed", 6, "--resume-from-checkpoint", "last"), env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "after 4 generation batches" in out.stdout
+    resumed, whole = read_rows(run), read_rows(tmp_path / "whole")
+    assert [r["round"] for r in resumed] == [r["step"] for r in resumed] == [str(i) for i in range(6)]
+    for key in ("reward_mean", "n_kept"):
+        assert [r[key] for r in resumed] == [r[key] for r in whole], key
+    assert (run / "policy" / "adapter_config.json").exists()
+
+
+def test_tracking_and_checkpoint_flags_reach_trl(toy, tmp_path):
+    args = parse(toy, tmp_path, "--save-steps", "2", "--output-dir", str(tmp_path / "out"))
+    args.report_to = "wandb,tensorboard"  # not installed here, so resolve_args would refuse them
+    config = grpo_iif.make_config(args)
+    assert config.report_to == ["wandb", "tensorboard"] and config.run_name == "r"
+    assert config.save_strategy == "steps" and config.save_steps == 2 and config.output_dir == str(tmp_path / "out")
+    config = grpo_iif.make_config(parse(toy, tmp_path))
+    assert config.report_to == [] and config.save_strategy == "no" and config.output_dir == str(tmp_path / "r")
