@@ -23,10 +23,18 @@ Offline on a CPU, the toy task of results/grpo_toy.sh (built once, about 3 minut
         --max-steps 240 --validation-size 8 --use-cpu --threads 1 --logging-steps 100 \
         --filter-method influence --runs-dir results/runs --run-name grpo-toy__influence__1
 
-Under accelerate (DDP) every process generates and scores its slice of the generation batch; the
-target gradient is averaged over processes and the scores are gathered, so the filter ranks the
-whole generation batch at once, as on one process. Sharded parameters (FSDP, DeepSpeed ZeRO-3) are
-refused.
+Several processes (accelerate launch: DDP, FSDP2 with configs/fsdp2.yaml, DeepSpeed) each generate
+and score their share of the generation batch. With LoRA the scores come from the adapted layers'
+inputs and output gradients, never from the parameters, so they are exact when FSDP or ZeRO-3
+shards those; the processes add up the target gradient (one all-reduce, LoRA-sized) and gather the
+scores, so the filter ranks the whole generation batch at once, as on one process:
+
+    accelerate launch --config_file configs/fsdp2.yaml grpo_iif.py --filter-method influence
+
+The dropped completions are taken out of the tensors of the update, which therefore costs about
+the kept fraction of its time; TRL's optimizer steps per generation batch and loss normaliser are
+unchanged. TRL's trackers (--report-to) and checkpoints (--save-steps, --resume-from-checkpoint)
+work as in any TRL run.
 """
 import copy
 import csv
@@ -350,6 +358,11 @@ def with_linear_io(layers, fn):
     return value, io
 
 
+def up(x):
+    """x in float32 at least (bfloat16 activations under mixed precision)"""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def influence_activations(model, b, t, args, world=1, all_sum=lambda g: g):
     """The scores of influence(), computed from activations. A linear layer y = W x gets, from one
     completion, the gradient sum_t dy_t x_t^T (x its inputs, dy the gradients at its outputs, over
@@ -363,16 +376,18 @@ def influence_activations(model, b, t, args, world=1, all_sum=lambda g: g):
     G = [0.0] * len(layers)
     for idx in batches(len(t["advantages"]), args.forward_batch_size):
         f, io = with_linear_io(layers, lambda: target(model, t, idx, args, world))
-        dys = torch.autograd.grad(f, [y for _, y in io])
-        G = [g + torch.einsum("...o,...i->oi", dy, x) for g, (x, _), dy in zip(G, io, dys)]
+        dys = torch.autograd.grad(f, [y for _, y in io], allow_unused=True, materialize_grads=True)
+        G = [g + torch.einsum("...o,...i->oi", up(dy), up(x)) for g, (x, _), dy in zip(G, io, dys)]
     flat = all_sum(torch.cat([g.flatten() for g in G]))
     G = [g.view_as(h) for g, h in zip(flat.split([g.numel() for g in G]), G)]
     scores = []
     for idx in batches(len(b["advantages"]), args.forward_batch_size):
         losses, io = with_linear_io(layers, lambda: completion_losses(model, b, idx, args))
         # one backward pass for the whole batch: row i of dy is the gradient of l_i alone
-        dys = torch.autograd.grad(losses.sum(), [y for _, y in io])
-        scores.append(-sum(((dy @ g) * x).flatten(1).sum(1) for g, (x, _), dy in zip(G, io, dys)))
+        dys = torch.autograd.grad(losses.sum(), [y for _, y in io], allow_unused=True,
+                                  materialize_grads=True)
+        scores.append(-sum(((up(dy) @ g) * up(x)).flatten(1).sum(1)
+                           for g, (x, _), dy in zip(G, io, dys)))
     return torch.cat(scores)
 
 
@@ -798,9 +813,10 @@ def main(args, dtype=torch.float32):
     if acc.is_main_process:
         resumed = f", after {trainer.n_rounds} generation batches" if trainer.n_rounds else ""
         print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {acc.device} x "
-              f"{acc.num_processes}: generation batches of {args.batch_size} completions "
-              f"({args.num_generations} per prompt), filter {args.filter_method}, target "
-              f"{args.target} on {args.target_data} -> {run_dir}{resumed}", flush=True)
+              f"{acc.num_processes} ({acc.distributed_type.value}): generation batches of "
+              f"{args.batch_size} completions ({args.num_generations} per prompt), filter "
+              f"{args.filter_method}, target {args.target} on {args.target_data} -> "
+              f"{run_dir}{resumed}", flush=True)
     try:
         # Stage III (Alg. 1) runs inside: TRL's GRPO steps, num_iterations passes per filtered batch
         trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)

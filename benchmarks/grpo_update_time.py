@@ -57,9 +57,12 @@ def main():
     model = trainer.accelerator.unwrap_model(trainer.model)
     print(f"{args.model_name}: one generation batch of 64 completions, "
           f"{trainer.args.steps_per_generation} micro-batches; median of {a.reps} repetitions\n")
-    for name, score in [("forward-mode (one process, DDP)", grpo_iif.influence),
-                        ("activations (FSDP, DeepSpeed)", grpo_iif.influence_activations)]:
-        print(f"scoring, {name}: {seconds(lambda: score(model, b, b, args), a.reps):.3f} s")
+    t_update = seconds(lambda: update(trainer, b), a.reps)
+    print(f"update on all 64 completions: {t_update:.3f} s")
+    for name, score in [("from activations (LoRA)", grpo_iif.influence_activations),
+                        ("forward mode (--no-lora; here on the LoRA weights)", grpo_iif.influence)]:
+        t = seconds(lambda: score(model, b, b, args), a.reps)
+        print(f"scoring, {name}: {t:.3f} s, {t / t_update:.1f} x the update")
     print("\n| kept | update, masked (s) | update, taken out (s) | taken out / masked |\n|---|---|---|---|")
     gen = torch.Generator().manual_seed(0)
     for frac in (1.0, 0.75, 0.55, 0.25):
