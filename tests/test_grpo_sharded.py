@@ -10,7 +10,7 @@ import torch
 
 import grpo_iif
 from sharded_check import set_lora_
-from test_grpo import ROOT, parse, read_rows
+from test_grpo import ROOT, flags, parse, read_rows
 
 
 def free_port():
@@ -27,7 +27,8 @@ LAUNCH = {"fsdp2": ["-m", "accelerate.commands.launch", "--config_file", "config
 @pytest.mark.parametrize("launch,extra", [("fsdp2", ["--target", "f_seq"]),  # LoRA: scores from activations
                                           ("ddp", ["--target", "f_loss", "--no-lora"])])  # forward mode
 def test_two_processes_score_filter_and_step_as_one(toy, tmp_path, launch, extra):
-    extra = ["--filter-method", "influence", *extra, "--eval-samples", "3", "--mini-batch-size", "4"]
+    extra = ["--filter-method", "influence", *extra, "--save-steps", "1", "--eval-samples", "3",
+             "--mini-batch-size", "4"]
     # one process: a generation batch (4 prompts x 2), its scores, kept set and the gradient on the kept ones
     args = parse(toy, tmp_path, *extra[:-2], "--mini-batch-size", "8", name="one")  # 8 = 2 processes x 4
     trainer = grpo_iif.make_trainer(args, dtype=torch.float64)
@@ -50,7 +51,7 @@ def test_two_processes_score_filter_and_step_as_one(toy, tmp_path, launch, extra
 
     # two processes, two generation batches (the first one is b), test toxicity after each
     cmd = [sys.executable, *LAUNCH[launch], free_port(), "tests/sharded_check.py",
-           *grpo_iif_flags(toy, tmp_path, extra)]
+           *flags(toy, "--runs-dir", str(tmp_path / "runs"), "--run-name", "two", *extra)]
     env = dict(os.environ, CHECK_DIR=str(tmp_path), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                HF_DATASETS_OFFLINE="1")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -73,8 +74,7 @@ def test_two_processes_score_filter_and_step_as_one(toy, tmp_path, launch, extra
     rows = read_rows(tmp_path / "runs" / "two")
     assert [r["round"] for r in rows] == ["0", "1"] and rows[0]["n_kept"] == str(int(kept.sum()))
     assert all(0 <= float(r["eval_toxicity"]) <= 1 for r in rows)  # measured by both processes
+    run = tmp_path / "runs" / "two"  # TRL's checkpoints and the final policy, saved from the shards under FSDP2
+    assert (run / "checkpoint-2" / "iif_state.pt").exists()
+    assert (run / "policy" / ("config.json" if "--no-lora" in extra else "adapter_config.json")).exists()
 
-
-def grpo_iif_flags(toy, tmp_path, extra):
-    from test_grpo import flags
-    return flags(toy, "--runs-dir", str(tmp_path / "runs"), "--run-name", "two", *extra)
