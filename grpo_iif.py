@@ -712,13 +712,14 @@ def resolve_args(args):
 
 def make_config(args):
     from trl import GRPOConfig
+    save = dict(save_strategy="steps", save_steps=args.save_steps) if args.save_steps else dict(
+        save_strategy="no")
     # GRPOConfig's own defaults differ from TrainingArguments' (bf16, activation (gradient)
     # checkpointing, lr 1e-6): every one that matters is set here
     return GRPOConfig(
         output_dir=args.output_dir, seed=args.seed, use_cpu=args.use_cpu, bf16=False, fp16=False,
         activation_checkpointing=False, logging_steps=args.logging_steps,
-        report_to=args.report_to.split(","), run_name=args.run_name,
-        save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
+        report_to=args.report_to.split(","), run_name=args.run_name, **save,
         disable_dropout=True,  # generation, the update and the influence all see one policy
         learning_rate=args.learning_rate, lr_scheduler_type="constant",
         max_steps=args.max_steps or -1, num_train_epochs=1,
