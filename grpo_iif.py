@@ -23,10 +23,18 @@ Offline on a CPU, the toy task of results/grpo_toy.sh (built once, about 3 minut
         --max-steps 240 --validation-size 8 --use-cpu --threads 1 --logging-steps 100 \
         --filter-method influence --runs-dir results/runs --run-name grpo-toy__influence__1
 
-Under accelerate (DDP) every process generates and scores its slice of the generation batch; the
-target gradient is averaged over processes and the scores are gathered, so the filter ranks the
-whole generation batch at once, as on one process. Sharded parameters (FSDP, DeepSpeed ZeRO-3) are
-refused.
+Several processes (accelerate launch: DDP, FSDP2 with configs/fsdp2.yaml, DeepSpeed) each generate
+and score their share of the generation batch. With LoRA the scores come from the adapted layers'
+inputs and output gradients, never from the parameters, so they are exact when FSDP or ZeRO-3
+shards those; the processes add up the target gradient (one all-reduce, LoRA-sized) and gather the
+scores, so the filter ranks the whole generation batch at once, as on one process:
+
+    accelerate launch --config_file configs/fsdp2.yaml grpo_iif.py --filter-method influence
+
+The dropped completions are taken out of the tensors of the update, which therefore costs about
+the kept fraction of its time; TRL's optimizer steps per generation batch and loss normaliser are
+unchanged. TRL's trackers (--report-to) and checkpoints (--save-steps, --resume-from-checkpoint)
+work as in any TRL run.
 """
 import copy
 import csv
@@ -67,6 +75,17 @@ class Args:
     """train on the CPU even where a GPU is visible"""
     threads: Optional[int] = None
     """torch CPU threads (default: torch's choice)"""
+    report_to: str = "none"
+    """TRL's report_to: where its logs also go (tensorboard, trackio, wandb, ...; comma-separated;
+    all; none)"""
+    output_dir: Optional[str] = None
+    """TRL's output_dir: checkpoints and the trackers' files (default: the run folder)"""
+    save_steps: int = 0
+    """save a checkpoint (adapter or model, optimizer, random states) every N optimizer steps, a
+    multiple of the optimizer steps per generation batch (0: never)"""
+    resume_from_checkpoint: Optional[str] = None
+    """continue a run from a checkpoint folder, or from the newest one under --output-dir ("last");
+    the other flags as in the run that made it. metrics.csv keeps its rows up to the checkpoint"""
 
     # data (App. B.3, as rlhf_iif.py)
     min_prompt_toxicity: float = 0.3
@@ -276,26 +295,28 @@ def completion_losses(model, b, idx, args, params=None):
     return (loss * m).sum(1) / b["num_items_in_batch"].clamp(min=1)
 
 
-def target(model, t, idx, args):
-    """f restricted to target completions idx; summed over every batch of t it is f(theta) on t"""
+def target(model, t, idx, args, world=1):
+    """f restricted to target completions idx of this process; summed over every batch of t, and
+    over the world processes' shares, it is f(theta) on the whole target set"""
     if args.target == "f_seq":  # Sec. 5.3: mean over completions of log pi(y|x) A_hat
         logp = completion_logprobs(model, t, idx)
         return ((t["advantages"][idx, None] * logp * t["completion_mask"][idx]).sum()
-                / len(t["advantages"]))
+                / (len(t["advantages"]) * world))
     return -completion_losses(model, t, idx, args).sum()  # f_loss: minus the GRPO loss on t
 
 
-def influence(model, b, t, args, reduce=lambda g: g):
+def influence(model, b, t, args, world=1, all_sum=lambda g: g):
     """I_i = <grad f(theta), -grad l_i(theta)> of every completion i of b at theta(k) (Sec. 3.1,
-    5.1), exactly: one backward pass over the target completions t gives grad f (reduce averages it
-    over processes), one forward-mode pass along it gives every completion's inner product."""
+    5.1), exactly: one backward pass over the target completions t gives grad f (all_sum adds the
+    processes' shares), one forward-mode pass along it gives every completion's inner product.
+    For any trained parameters; needs whole ones on every process (one process, or DDP)."""
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     grads = [torch.zeros_like(p) for p in params.values()]
     for idx in batches(len(t["advantages"]), args.forward_batch_size):
-        g = torch.autograd.grad(target(model, t, idx, args), list(params.values()),
+        g = torch.autograd.grad(target(model, t, idx, args, world), list(params.values()),
                                 allow_unused=True)
         grads = [a if gi is None else a + gi for a, gi in zip(grads, g)]
-    flat = reduce(torch.cat([g.flatten() for g in grads]))
+    flat = all_sum(torch.cat([g.flatten() for g in grads]))
     grads = flat.split([p.numel() for p in params.values()])
     # torch.autograd.forward_ad, not torch.func.jvp as in iif.py: on these language models (LoRA,
     # CPU) jvp took 10-20 % longer for the same scores. Fused attention kernels have no
@@ -306,6 +327,67 @@ def influence(model, b, t, args, reduce=lambda g: g):
                  for (n, p), g in zip(params.items(), grads)}
         for idx in batches(len(b["advantages"]), args.forward_batch_size):
             scores.append(-fwAD.unpack_dual(completion_losses(model, b, idx, args, duals)).tangent)
+    return torch.cat(scores)
+
+
+def trained_linears(model):
+    """The nn.Linear layers whose weight is trained (LoRA's A and B matrices), or None where other
+    parameters are trained too (a bias, embeddings, norms: the whole model)"""
+    layers = [m for m in model.modules()
+              if isinstance(m, torch.nn.Linear) and m.weight.requires_grad]
+    n_trained = sum(1 for p in model.parameters() if p.requires_grad)
+    return layers if layers and n_trained == len(layers) else None
+
+
+def with_linear_io(layers, fn):
+    """fn()'s value, and every layer's (input, output) in the forward pass that fn makes"""
+    io = [None] * len(layers)
+
+    def hook(i):
+        def record(module, inputs, output):
+            if io[i] is not None:
+                raise RuntimeError(f"{module} ran twice in one forward pass")
+            io[i] = (inputs[0].detach(), output)
+        return record
+    handles = [m.register_forward_hook(hook(i)) for i, m in enumerate(layers)]
+    try:
+        value = fn()
+    finally:
+        for h in handles:
+            h.remove()
+    return value, io
+
+
+def up(x):
+    """x in float32 at least (bfloat16 activations under mixed precision)"""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def influence_activations(model, b, t, args, world=1, all_sum=lambda g: g):
+    """The scores of influence(), computed from activations. A linear layer y = W x gets, from one
+    completion, the gradient sum_t dy_t x_t^T (x its inputs, dy the gradients at its outputs, over
+    the completion's tokens), so <G, grad_W l_i> = sum_t dy_t^T G x_t. No parameter or parameter
+    gradient is read, so sharded parameters (FSDP, DeepSpeed ZeRO-3) give the same scores as whole
+    ones; the processes exchange only G = grad f (LoRA-sized). Needs every trained parameter to be
+    the weight of an nn.Linear (LoRA), and completions that do not interact in the forward pass.
+    With LoRA it is used everywhere: on the toy task it is also faster than the forward mode of
+    influence() (benchmarks/grpo_update_time.py)."""
+    layers = trained_linears(model)
+    G = [0.0] * len(layers)
+    for idx in batches(len(t["advantages"]), args.forward_batch_size):
+        f, io = with_linear_io(layers, lambda: target(model, t, idx, args, world))
+        dys = torch.autograd.grad(f, [y for _, y in io], allow_unused=True, materialize_grads=True)
+        G = [g + torch.einsum("...o,...i->oi", up(dy), up(x)) for g, (x, _), dy in zip(G, io, dys)]
+    flat = all_sum(torch.cat([g.flatten() for g in G]))
+    G = [g.view_as(h) for g, h in zip(flat.split([g.numel() for g in G]), G)]
+    scores = []
+    for idx in batches(len(b["advantages"]), args.forward_batch_size):
+        losses, io = with_linear_io(layers, lambda: completion_losses(model, b, idx, args))
+        # one backward pass for the whole batch: row i of dy is the gradient of l_i alone
+        dys = torch.autograd.grad(losses.sum(), [y for _, y in io], allow_unused=True,
+                                  materialize_grads=True)
+        scores.append(-sum(((up(dy) @ g) * up(x)).flatten(1).sum(1)
+                           for g, (x, _), dy in zip(G, io, dys)))
     return torch.cat(scores)
 
 
@@ -327,9 +409,10 @@ def filter_records(scores, method, p, gen):
 
 
 @torch.no_grad()
-def sample_continuations(model, queries, tokenizer, args, bs=64):
+def sample_continuations(model, queries, tokenizer, args, bs=64, synced=False):
     """Continuations of the token-id queries, sampled from pi_theta itself as in training, bs
-    prompts per generate() call; each is its text up to its first EOS"""
+    prompts per generate() call; each is its text up to its first EOS. synced: every process keeps
+    stepping until all have finished (sharded parameters are gathered at every step)"""
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id
     eos = tokenizer.eos_token_id
@@ -347,7 +430,7 @@ def sample_continuations(model, queries, tokenizer, args, bs=64):
                              do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
                              typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
                              max_new_tokens=args.gen_tokens, min_new_tokens=0, pad_token_id=pad,
-                             eos_token_id=eos)[:, P:].cpu()
+                             eos_token_id=eos, synced_gpus=synced)[:, P:].cpu()
         is_eos = out == eos
         ends = torch.where(is_eos.any(1), is_eos.int().argmax(1), out.shape[1])
         texts += [tokenizer.decode(row[:n], skip_special_tokens=True)
@@ -355,15 +438,15 @@ def sample_continuations(model, queries, tokenizer, args, bs=64):
     return texts
 
 
-def evaluate(model, queries, tokenizer, clf, args):
-    """App. B.3: mean toxicity probability of sampled continuations of toxic test prompts (a fixed
-    seed, and the training generator left untouched)"""
+def evaluate(model, queries, tokenizer, clf, args, rank=0, synced=False):
+    """App. B.3: the toxicity probability of a sampled continuation of each toxic test prompt (a
+    fixed seed for each process, and the training generator left untouched)"""
     clf_model, tok, toxic = clf
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(args.seed + 10_000)
-        texts = sample_continuations(model, queries, tokenizer, args)
-    return classify(clf_model, tok, texts).softmax(-1)[:, toxic].mean().item()
+        torch.manual_seed(args.seed + 10_000 + rank)
+        texts = sample_continuations(model, queries, tokenizer, args, synced=synced)
+    return classify(clf_model, tok, texts).softmax(-1)[:, toxic]
 
 
 def timer():
@@ -372,7 +455,19 @@ def timer():
     return time.perf_counter()
 
 
+def take_rows(b, rows):
+    """The generation batch b restricted to rows, every per-completion field of it (the fields
+    that TRL's shuffle_sequence_dict permutes)"""
+    def take(v):
+        if v is None or isinstance(v, torch.Tensor) and v.ndim == 0:
+            return v
+        return v[rows] if isinstance(v, torch.Tensor) else [v[i] for i in rows.tolist()]
+    return {k: take(v) for k, v in b.items()}
+
+
 def make_trainer_class():
+    from accelerate.utils import DistributedType
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
     from trl import GRPOTrainer
 
     class IIFGRPOTrainer(GRPOTrainer):
@@ -385,8 +480,11 @@ def make_trainer_class():
             self.iif_args = iif_args
             self.validation_prompts = list(validation_prompts)
             self.evaluation = evaluation  # (the test classifier, the test prompts), or None
-            self.writer = None  # (csv.DictWriter, its file), set by main
+            self.writer = None  # (csv.DictWriter, its file) on the main process, set by main
             self.iif_gen = torch.Generator().manual_seed(iif_args.seed)  # same on every process
+            # FSDP and DeepSpeed may shard the parameters
+            self.sharded = self.accelerator.distributed_type in (DistributedType.FSDP,
+                                                                 DistributedType.DEEPSPEED)
             self.t_gen = 0.0  # generation and reward time of the current generation batch
             self.rewards = None  # its rewards, every process's
             self.row = None  # its metrics.csv row, written once its update is over
@@ -426,19 +524,16 @@ def make_trainer_class():
             if args.filter_method != "none":
                 t = b if args.target_data == "buffer" else self.validation_batch()
                 model = acc.unwrap_model(self.model)
-                scores = influence(model, b, t, args,
-                                   reduce=lambda g: acc.reduce(g, reduction="mean"))
+                score = influence_activations if trained_linears(model) else influence
+                scores = score(model, b, t, args, world=acc.num_processes,
+                               all_sum=lambda g: acc.reduce(g, reduction="sum"))
                 # the whole generation batch, in process order
                 all_scores = acc.gather(scores).cpu()
                 if not torch.isfinite(all_scores).all():
                     fail(f"generation batch {self.n_rounds}: non-finite influence; "
                          "lower --learning-rate")
                 kept = filter_records(all_scores, args.filter_method, args.filter_p, self.iif_gen)
-                n = len(scores)
-                mine = kept[acc.process_index * n:][:n, None].to(b["completion_mask"])
-                # dropped as by TRL's mask_truncated_completions: out of the loss and its normaliser
-                b["completion_mask"] = b["completion_mask"] * mine
-                b["num_items_in_batch"] = acc.gather(b["completion_mask"].sum()).sum()
+                b = self.keep_only(b, kept)
             else:
                 kept = torch.ones(len(rewards), dtype=torch.bool)
             n_kept = int(kept.sum())
@@ -451,6 +546,26 @@ def make_trainer_class():
             self.n_rounds += 1
             self.t_stage2_end = timer()
             # Stage III (Alg. 1) follows in TRL's training steps, on the kept completions of b
+            return b
+
+        def keep_only(self, b, kept):
+            """This process's share of the generation batch with the dropped completions taken out,
+            so that TRL's update passes do not compute them. TRL still splits it into its
+            steps_per_generation micro-batches, so the optimizer steps per generation batch are
+            unchanged, and its loss normaliser counts the kept tokens of every process. Every
+            process keeps as many rows as the one with most kept completions, rounded up to whole
+            micro-batches, so all make the same passes together (DDP, FSDP); the rows added to
+            reach that count are dropped completions with their mask zeroed, which leaves the loss,
+            as TRL's mask_truncated_completions does."""
+            acc = self.accelerator
+            per_process = kept.view(acc.num_processes, -1)  # the same on every process
+            mine = per_process[acc.process_index]
+            k = self.args.steps_per_generation
+            n_rows = max(1, -(-int(per_process.sum(1).max()) // k)) * k
+            rows = torch.argsort((~mine).int(), stable=True)[:n_rows]  # the kept ones first
+            b = take_rows(b, rows.to(b["advantages"].device))
+            b["completion_mask"] = b["completion_mask"] * mine[rows, None].to(b["completion_mask"])
+            b["num_items_in_batch"] = acc.gather(b["completion_mask"].sum()).sum()
             return b
 
         def validation_batch(self):
@@ -471,10 +586,22 @@ def make_trainer_class():
                 (self._metrics["train"], self._logs, self.state.num_input_tokens_seen,
                  self.rewards) = saved
 
+        def test_toxicity(self):
+            """App. B.3's test toxicity. Every process samples an equal share of the test prompts
+            (the last one repeated to even the shares out, and left out of the mean), with its own
+            seed; the probabilities are gathered."""
+            acc = self.accelerator
+            clf, queries = self.evaluation
+            n = -(-len(queries) // acc.num_processes)
+            mine = (queries + queries[-1:] * n)[acc.process_index * n:][:n]
+            p = evaluate(acc.unwrap_model(self.model), mine, self.processing_class, clf,
+                         self.iif_args, rank=acc.process_index, synced=self.sharded)
+            return acc.gather(p.to(acc.device))[:len(queries)].mean().item()
+
         def write_row(self, last=False):
             """One metrics.csv row per generation batch, once its update (Stage III) is over; the
-            test toxicity after every --eval-every-th update and after the last, measured on the
-            main process"""
+            test toxicity after every --eval-every-th update and after the last, measured by every
+            process"""
             if self.row is None:
                 return
             r = self.row
@@ -482,13 +609,11 @@ def make_trainer_class():
             r["t_optim"] = timer() - self.t_stage2_end
             r["eval_toxicity"] = ""
             r["t_eval"] = 0.0
-            if self.writer is not None and self.accelerator.is_main_process:
-                if self.evaluation and ((r["round"] + 1) % args.eval_every == 0 or last):
-                    t0 = timer()
-                    r["eval_toxicity"] = evaluate(self.accelerator.unwrap_model(self.model),
-                                                  self.evaluation[1], self.processing_class,
-                                                  self.evaluation[0], args)
-                    r["t_eval"] = timer() - t0
+            if self.evaluation and ((r["round"] + 1) % args.eval_every == 0 or last):
+                t0 = timer()
+                r["eval_toxicity"] = self.test_toxicity()
+                r["t_eval"] = timer() - t0
+            if self.writer is not None:
                 self.writer[0].writerow(r)
                 self.writer[1].flush()
                 tox = f" toxicity {r['eval_toxicity']:.3f}" if r["eval_toxicity"] != "" else ""
@@ -497,6 +622,16 @@ def make_trainer_class():
                       f"forward {r['t_forward']:.1f} influence {r['t_influence']:.1f} "
                       f"optim {r['t_optim']:.1f}", flush=True)
             self.row = None
+
+        def _save_checkpoint(self, model, trial):
+            """TRL's checkpoint (at the end of a generation batch's update, see --save-steps), after
+            that batch's metrics.csv row, with the random filter's generator"""
+            self.write_row(last=self.state.global_step >= self.state.max_steps)
+            super()._save_checkpoint(model, trial)
+            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            if self.args.should_save:
+                torch.save({"iif_gen": self.iif_gen.get_state(), "n_rounds": self.n_rounds},
+                           os.path.join(self._get_output_dir(trial=trial), folder, "iif_state.pt"))
 
     return IIFGRPOTrainer
 
@@ -542,22 +677,49 @@ def resolve_args(args):
             fail(f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
     if args.beta < 0:
         fail(f"--beta must be at least 0, got {args.beta}")
+    # optimizer steps per generation batch, TRL's steps_per_generation x num_iterations
+    micro_batches = args.batch_size // (args.mini_batch_size * world_size()) * args.num_iterations
+    if args.save_steps < 0 or args.save_steps * args.gradient_accumulation_steps % micro_batches:
+        fail(f"--save-steps ({args.save_steps}) must be 0 or a multiple of the optimizer steps per "
+             f"generation batch (--batch-size / (--mini-batch-size x {world_size()} processes x "
+             "--gradient-accumulation-steps) x --num-iterations), so that a checkpoint falls "
+             "between generation batches")
+    if args.report_to not in ("none", "all"):
+        from transformers.integrations import get_available_reporting_integrations
+        installed = get_available_reporting_integrations()
+        missing = sorted(set(args.report_to.split(",")) - set(installed))
+        if missing:
+            fail(f"--report-to {args.report_to}: {', '.join(missing)} is not installed or not a "
+                 f"tracker that transformers knows (installed: {', '.join(installed) or 'none'})")
     if args.run_name is None:
         args.run_name = f"grpo__{args.filter_method}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.runs_dir, args.run_name)
-    if os.path.exists(os.path.join(run_dir, "metrics.csv")):
-        fail(f"{run_dir}/metrics.csv exists: choose another --run-name or remove it")
+    if os.path.exists(os.path.join(run_dir, "metrics.csv")) and not args.resume_from_checkpoint:
+        fail(f"{run_dir}/metrics.csv exists: choose another --run-name, remove it, or continue "
+             "the run with --resume-from-checkpoint")
+    args.output_dir = args.output_dir or run_dir
+    if args.resume_from_checkpoint == "last":
+        from transformers.trainer_utils import get_last_checkpoint
+        last = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+        if last is None:
+            fail(f"--resume-from-checkpoint last: no checkpoint-* folder in {args.output_dir}")
+        args.resume_from_checkpoint = last
+    if args.resume_from_checkpoint and not os.path.isfile(
+            os.path.join(args.resume_from_checkpoint, "trainer_state.json")):
+        fail(f"--resume-from-checkpoint {args.resume_from_checkpoint!r} is not a checkpoint folder")
     return args
 
 
-def make_config(args, run_dir):
+def make_config(args):
     from trl import GRPOConfig
+    save = dict(save_strategy="steps", save_steps=args.save_steps) if args.save_steps else dict(
+        save_strategy="no")
     # GRPOConfig's own defaults differ from TrainingArguments' (bf16, activation (gradient)
     # checkpointing, lr 1e-6): every one that matters is set here
     return GRPOConfig(
-        output_dir=run_dir, seed=args.seed, use_cpu=args.use_cpu, bf16=False, fp16=False,
-        activation_checkpointing=False, report_to="none", save_strategy="no",
-        logging_steps=args.logging_steps,
+        output_dir=args.output_dir, seed=args.seed, use_cpu=args.use_cpu, bf16=False, fp16=False,
+        activation_checkpointing=False, logging_steps=args.logging_steps,
+        report_to=args.report_to.split(","), run_name=args.run_name, **save,
         disable_dropout=True,  # generation, the update and the influence all see one policy
         learning_rate=args.learning_rate, lr_scheduler_type="constant",
         max_steps=args.max_steps or -1, num_train_epochs=1,
@@ -595,7 +757,7 @@ def make_trainer(args, dtype=torch.float32):
         peft_config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules=targets,
                                  lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
     try:
-        config = make_config(args, os.path.join(args.runs_dir, args.run_name))
+        config = make_config(args)
     except ValueError as e:
         fail(f"--batch-size, --mini-batch-size, --num-generations: {e}")
     try:
@@ -606,45 +768,64 @@ def make_trainer(args, dtype=torch.float32):
     except ValueError as e:  # peft's answer to --lora-target-modules that the model does not have
         fail(f"--lora-target-modules: {e}" if args.lora_target_modules else str(e))
     acc = trainer.accelerator
-    sharded = acc.distributed_type.value in ("FSDP", "DEEPSPEED")
-    if sharded and args.filter_method != "none":
-        fail(f"--filter-method {args.filter_method} needs whole parameters on every process; "
-             f"{acc.distributed_type.value} shards them (use DDP, or --filter-method none)")
-    if sharded and args.eval_every:
-        fail(f"--eval-every {args.eval_every}: test toxicity is sampled on the main process alone, "
-             f"from whole parameters; {acc.distributed_type.value} shards them (use DDP, or "
-             "--eval-every 0)")
+    if trainer.sharded and args.filter_method != "none" and trained_linears(trainer.model) is None:
+        fail(f"--filter-method {args.filter_method} under {acc.distributed_type.value} scores "
+             "from the inputs and output gradients of the trained linear layers (LoRA's), as "
+             "parameters may be sharded; here other parameters train too (--no-lora, or LoRA on "
+             "embeddings or biases). Use LoRA on linear layers, DDP, or --filter-method none")
     rm[0].to(acc.device)
     if evaluation:
         evaluation[0][0].to(acc.device)
     return trainer
 
 
-def main(args):
+def open_metrics(run_dir, n_rounds):
+    """metrics.csv, new, or (resuming) cut back to its first n_rounds generation batches"""
+    path = os.path.join(run_dir, "metrics.csv")
+    rows = []
+    if n_rounds:
+        with open(path) as f:
+            rows = [r for r in csv.DictReader(f) if int(r["round"]) < n_rounds]
+    f = open(path, "w", newline="")
+    writer = csv.DictWriter(f, fieldnames=METRICS)
+    writer.writeheader()
+    writer.writerows(rows)
+    f.flush()
+    return writer, f
+
+
+def main(args, dtype=torch.float32):
     if args.threads:
         torch.set_num_threads(args.threads)
-    trainer = make_trainer(args)
+    trainer = make_trainer(args, dtype)
     acc = trainer.accelerator
     run_dir = os.path.join(args.runs_dir, args.run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(vars(args), f, indent=1)
-    metrics_file = open(os.path.join(run_dir, "metrics.csv"), "w", newline="")
-    trainer.writer = (csv.DictWriter(metrics_file, fieldnames=METRICS), metrics_file)
-    trainer.writer[0].writeheader()
+    if args.resume_from_checkpoint:  # the generation batches done, the random filter's state
+        state = torch.load(os.path.join(args.resume_from_checkpoint, "iif_state.pt"))
+        trainer.n_rounds = state["n_rounds"]
+        trainer.iif_gen.set_state(state["iif_gen"])
+    acc.wait_for_everyone()  # every process has checked the run folder before it is written
+    if acc.is_main_process:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "config.json"), "w") as f:
+            json.dump(vars(args), f, indent=1)
+        trainer.writer = open_metrics(run_dir, trainer.n_rounds)
     n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
     if acc.is_main_process:
+        resumed = f", after {trainer.n_rounds} generation batches" if trainer.n_rounds else ""
         print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {acc.device} x "
-              f"{acc.num_processes}: generation batches of {args.batch_size} completions "
-              f"({args.num_generations} per prompt), filter {args.filter_method}, target "
-              f"{args.target} on {args.target_data} -> {run_dir}", flush=True)
+              f"{acc.num_processes} ({acc.distributed_type.value}): generation batches of "
+              f"{args.batch_size} completions ({args.num_generations} per prompt), filter "
+              f"{args.filter_method}, target {args.target} on {args.target_data} -> "
+              f"{run_dir}{resumed}", flush=True)
     try:
         # Stage III (Alg. 1) runs inside: TRL's GRPO steps, num_iterations passes per filtered batch
-        trainer.train()
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
         trainer.write_row(last=True)
         trainer.save_model(os.path.join(run_dir, "policy"))  # the adapter only, with LoRA
     finally:  # also on Ctrl-C: every finished generation batch is in metrics.csv
-        metrics_file.close()
+        if trainer.writer is not None:
+            trainer.writer[1].close()
     return trainer
 
 
@@ -655,3 +836,8 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         sys.exit(f"\ninterrupted: every finished generation batch is in "
                  f"{os.path.join(args.runs_dir, args.run_name)}/metrics.csv")
+    if torch.distributed.is_initialized():  # accelerate launch, torchrun
+        torch.distributed.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # torch 2.13's gloo aborted at interpreter exit in about 1 run of 5 otherwise

@@ -2,8 +2,10 @@
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -73,7 +75,9 @@ def test_two_steps_end_to_end(runs, method):
         if method == "none":
             assert int(r["n_kept"]) == 8 and r["n_negative"] == ""
         else:
-            assert 0 < int(r["n_kept"]) < 8  # an untrained policy's batch always holds harmful completions
+            assert 0 < int(r["n_kept"]) <= 8
+    if method != "none":  # an untrained policy's batches hold harmful completions
+        assert sum(int(r["n_kept"]) for r in rows) < 16
     if method == "random":  # the same first batch as IIF's, and as many completions dropped
         assert rows[0]["n_kept"] == read_rows(runs / "toy__influence__1")[0]["n_kept"]
     assert rows[0]["reward_mean"] == read_rows(runs / "toy__none__1")[0]["reward_mean"]  # same seed, same batch
@@ -132,6 +136,12 @@ def test_influence_matches_per_completion_autograd(toy, tmp_path, extra):
           f"(scores up to {brute.abs().max().item():.2e})")
     assert torch.allclose(scores, brute, rtol=1e-9, atol=1e-14), (scores, brute)
     assert (scores.abs() > 1e-8).all()
+    if "--no-lora" in extra:  # embeddings and norms train too: no activation form
+        assert grpo_iif.trained_linears(model) is None
+    else:  # the activation form, which sharded parameters use, gives the same scores
+        sharded = grpo_iif.influence_activations(model, b, b, args)
+        print(f"max |activation form - autograd| = {(sharded - brute).abs().max().item():.2e}")
+        assert torch.allclose(sharded, brute, rtol=1e-9, atol=1e-14), (sharded, brute)
 
 
 def test_validation_target_scores_the_batch_against_held_out_completions(toy, tmp_path):
@@ -143,18 +153,23 @@ def test_validation_target_scores_the_batch_against_held_out_completions(toy, tm
     assert not torch.allclose(grpo_iif.influence(model, b, t, args), grpo_iif.influence(model, b, b, args))
 
 
-def test_filter_drops_exactly_the_dropped_completions(toy, tmp_path):
-    args, trainer, b0 = trainer_and_batch(toy, tmp_path, "--filter-method", "none")
+@pytest.mark.parametrize("mini_batch", ["8", "2"])
+def test_filter_takes_the_dropped_completions_out(toy, tmp_path, mini_batch):
+    """The filtered batch holds the kept completions, then dropped ones with their mask zeroed up to
+    whole micro-batches (1 or 4 of them); its loss and gradient are those of the kept ones alone"""
+    args, trainer, b0 = trainer_and_batch(toy, tmp_path, "--filter-method", "none", "--mini-batch-size", mini_batch)
     model = trainer.accelerator.unwrap_model(trainer.model)
     trainer.iif_args.filter_method = "influence"
     torch.manual_seed(0)  # the same completions as b0, now filtered
     b = trainer._generate_and_score_completions([{"prompt": p} for p in trainer.train_dataset["prompt"][:4]
                                                  for _ in range(2)])
-    assert torch.equal(b["completion_ids"], b0["completion_ids"])
-    kept = b["completion_mask"].sum(1) > 0
-    assert kept.tolist() == (grpo_iif.influence(model, b0, b0, args) > 0).tolist() and 0 < kept.sum() < 8
-    assert torch.equal(b["completion_mask"][kept], b0["completion_mask"][kept])
-    only_kept = {k: v[kept] if isinstance(v, torch.Tensor) and v.ndim else v for k, v in b0.items()}
+    kept = grpo_iif.influence(model, b0, b0, args) > 0
+    k, n_micro = int(kept.sum()), trainer.args.steps_per_generation
+    assert 0 < k < 8 and n_micro == 8 // int(mini_batch)
+    assert len(b["advantages"]) == -(-k // n_micro) * n_micro  # k rounded up to whole micro-batches
+    assert torch.equal(b["completion_ids"][:k], b0["completion_ids"][kept])
+    assert torch.equal(b["completion_mask"][:k], b0["completion_mask"][kept]) and b["completion_mask"][k:].sum() == 0
+    only_kept = grpo_iif.take_rows(b0, kept.nonzero()[:, 0])
     only_kept["num_items_in_batch"] = b0["completion_mask"][kept].sum()
     assert b["num_items_in_batch"] == only_kept["num_items_in_batch"]
 
@@ -186,7 +201,10 @@ def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy, capsys):
                           (("--reward-label", "toxic"), "'nothate'"), (("--eval-every", "-1"), "--eval-every"),
                           (("--eval-samples", "0"), "--eval-samples"),
                           (("--eval-toxic-label", "toxic"), "'offensive'"),
-                          (("--lora-target-modules", "no_such_module"), "--lora-target-modules")]:
+                          (("--lora-target-modules", "no_such_module"), "--lora-target-modules"),
+                          (("--report-to", "no_such_tracker"), "--report-to"),
+                          (("--save-steps", "3", "--mini-batch-size", "4"), "--save-steps"),
+                          (("--resume-from-checkpoint", "last"), "no checkpoint-* folder")]:
         with pytest.raises(SystemExit) as e:
             grpo_iif.main(parse(toy, tmp_path, *extra))
         assert needle in str(e.value), (extra, e.value)
@@ -234,3 +252,44 @@ def test_docs_links_point_at_what_they_name():
         for name, line in links:  # the line that defines it: its def or class, or a "# Stage I (" comment
             defines = re.compile(rf"^\s*((def|class) {re.escape(name)}\(|# {re.escape(name)} \()")
             assert defines.match(lines[int(line) - 1]), f"{doc} links `{name}` to line {line}: {lines[int(line) - 1]!r}"
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(toy, tmp_path):
+    """A run killed (SIGKILL) after its checkpoint at step 4 continues from it with --resume-from-checkpoint last:
+    metrics.csv keeps the generation batches that the checkpoint holds, and the run goes on as one never killed"""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+
+    def cmd(name, steps, *extra):  # random filtering: its generator's state must come back too
+        return [sys.executable, os.path.join(ROOT, "grpo_iif.py"), *flags(toy, "--runs-dir", str(tmp_path)),
+                "--run-name", name, "--max-steps", str(steps), "--filter-method", "random", "--eval-every", "0",
+                "--save-steps", "4", *extra]
+    subprocess.run(cmd("whole", 6), env=env, check=True, capture_output=True, timeout=300)
+    run = tmp_path / "killed"
+    proc = subprocess.Popen(cmd("killed", 100), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:  # one generation batch a step: kill it once the 6th has begun, before its next checkpoint (step 8)
+        while not ((run / "metrics.csv").exists() and len(read_rows(run)) >= 5):
+            assert proc.poll() is None, "the run ended first"
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+    assert proc.wait() == -signal.SIGKILL
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-4"]
+    out = subprocess.run(cmd("killed", 6, "--resume-from-checkpoint", "last"), env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "after 4 generation batches" in out.stdout
+    resumed, whole = read_rows(run), read_rows(tmp_path / "whole")
+    assert [r["round"] for r in resumed] == [r["step"] for r in resumed] == [str(i) for i in range(6)]
+    for key in ("reward_mean", "n_kept"):
+        assert [r[key] for r in resumed] == [r[key] for r in whole], key
+    assert (run / "policy" / "adapter_config.json").exists()
+
+
+def test_tracking_and_checkpoint_flags_reach_trl(toy, tmp_path):
+    args = parse(toy, tmp_path, "--save-steps", "2", "--output-dir", str(tmp_path / "out"))
+    args.report_to = "wandb,tensorboard"  # not installed here, so resolve_args would refuse them
+    config = grpo_iif.make_config(args)
+    assert config.report_to == ["wandb", "tensorboard"] and config.run_name == "r"
+    assert config.save_strategy == "steps" and config.save_steps == 2 and config.output_dir == str(tmp_path / "out")
+    config = grpo_iif.make_config(parse(toy, tmp_path))
+    assert config.report_to == [] and config.save_strategy == "no" and config.output_dir == str(tmp_path / "r")
