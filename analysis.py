@@ -254,14 +254,14 @@ def cmd_ablation(args):
                          if s in runs.get(m, {}) and len(runs[m][s]) == len(runs["none"][s])]
                      for m in ("none", "influence", "random")}
             at = [runs["none"][s][args.at_round - 1]["test_return_mean"] for s in seeds]
-            fmt = ".3f" if abs(np.mean(final["none"])) < 10 else ".0f"
+            fmt = ".3f" if np.abs(final["none"]).max() <= 1 else ".0f"  # success rates, or returns
             se = [fmt_ci([r["se_ave"] for r in res]), fmt_ci([r["se_ave"] for r in even]),
                   fmt_ci([r["se_peak"] for r in res]), fmt_ci([r["rt_peak"] for r in res])]
             returns = [pm(at, fmt)] + [pm(final[m], fmt) for m in ("none", "influence", "random")]
             print(f"| {env_id} | {variant} | {len(seeds)} | {' | '.join(se)} "
                   f"| {' | '.join(returns)} |")
             rows = {m: [r for s in seeds for r in runs[m][s]] for m in ("none", "influence")}
-            if all("kl" in r for r in rows["influence"]):  # runs that log it
+            if all("kl" in r for m in rows for r in rows[m]):  # runs that log it
                 kl = [np.median([r["kl"] for r in rows[m]]) for m in ("none", "influence")]
                 filtered = np.mean([r["n_dropped"] > 0 for r in rows["influence"]])
                 moves.append(f"| {env_id} | {variant} | {kl[0]:.4f} | {kl[1]:.4f} "

@@ -14,7 +14,8 @@ flags() {  # recipe -> iif.py flags, every one set explicitly (the runs do not f
     --influence-loss policy --filter-ties keep --influence-precond none --target-kl 0 --filter-p 0.5 --score-log-std"
   case $1 in
     base) echo "$base --min-agreement -1" ;;  # iif.py's generic defaults before the agreement guard
-    guard) echo "$base --min-agreement 0.2" ;;  # the generic defaults now
+    guard0.2) echo "$base --min-agreement 0.2" ;;  # a looser guard, tried first
+    guard) echo "$base --min-agreement 0.5" ;;  # the generic defaults now
     adam-precond) echo "$base --min-agreement -1 --influence-precond adam" ;;
     target-normalized) echo "$base --min-agreement -1 --target-adv normalized" ;;
     p0.125) echo "$base --min-agreement -1 --filter-p 0.125" ;;
@@ -45,7 +46,7 @@ later=()  # random filtering after every standard and IIF run
 for s in $SEEDS; do for recipe in $recipes; do for env in $ENVS; do  # seed by seed
   case $recipe in
     base|clip|target-kl) jobs+=("$recipe $env none $s" "$recipe $env influence $s"); later+=("$recipe $env random $s") ;;
-    guard|p0.125) jobs+=("$recipe $env influence $s"); later+=("$recipe $env random $s") ;;  # random drops as many
+    guard*|p0.125) jobs+=("$recipe $env influence $s"); later+=("$recipe $env random $s") ;;  # random drops as many
     *) jobs+=("$recipe $env influence $s") ;;
   esac
   case $recipe in  # standard PPO of a recipe that changes only what is dropped: the base recipe's

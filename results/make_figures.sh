@@ -73,6 +73,11 @@ fi
 if [ -f results/runs/grpo-toy__random__3/metrics.csv ]; then  # bash results/grpo_toy.sh
   python analysis.py rlhf --runs results/runs --env grpo-toy --out $F/grpo_toy.png > $F/grpo_toy.md
 fi
+for g in grpo-toy-mu4 grpo-toy-clock grpo-toy-mu4-clock; do  # ITERS=4 and/or CLOCK=1 (docs/grpo.md)
+  if [ -f results/runs/${g}__influence__3/metrics.csv ]; then
+    python analysis.py rlhf --runs results/runs --env $g --out $F/${g//-/_}.png > $F/${g//-/_}.md
+  fi
+done
 # the counterfactual check (docs/counterfactual.md): needs the round files of these --save-rounds runs
 if [ -d $D/FrozenLake-v1__tracin__1/rounds ]; then
   python analysis.py counterfactual --run $D/FrozenLake-v1__tracin__1 --rounds 0 4 8 12 16 --subsets 50 --episodes 1000 --out $F/counterfactual_frozenlake.png > $F/counterfactual_frozenlake.md
@@ -83,11 +88,11 @@ fi
 if [ -d results/runs/MiniGrid-Empty-8x8-v0__none__1/rounds ]; then
   python analysis.py counterfactual --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 0 10 20 25 35 --subsets 50 --out $F/counterfactual_minigrid.png > $F/counterfactual_minigrid.md
 fi
-# environments outside the paper (docs/results.md): bash results/generic.sh, and its second command
+# environments outside the paper (docs/results.md): the runs of results/generic.sh
 GE="CartPole-v1 Pendulum-v1 MiniGrid-DoorKey-5x5-v0 LunarLanderContinuous-v3"
 GC="CartPole-v1=30 Pendulum-v1=50 MiniGrid-DoorKey-5x5-v0=30 LunarLanderContinuous-v3=50"
 if [ -d results/generic/base ]; then
-  python analysis.py ablation --runs results/generic --variants base guard adam-precond target-normalized clip target-kl p0.125 \
+  python analysis.py ablation --runs results/generic --variants base guard guard0.2 adam-precond target-normalized clip target-kl p0.125 no-log-std \
     --env $GE --complete $GC > $F/generic_ablation.md
   for r in base guard; do
     python analysis.py curves --runs results/generic/$r --env $GE --labels influence none random --out $F/generic_$r.png > $F/generic_$r.txt
