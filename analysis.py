@@ -301,7 +301,14 @@ def cmd_curves(args):
         others = iter(["tab:olive", "tab:cyan", "tab:brown", "tab:pink", "black", "tab:purple",
                        "tab:green"])
         colors = {lb: COLORS[lb] if lb in COLORS else next(others, None) for lb in labels}
+        full = max(len(rows) for lb in labels for rows in runs[lb].values())
         for label in labels:
+            unfinished = [s for s, rows in runs[label].items() if len(rows) < full]
+            if unfinished:  # a run still going (or cut) would shorten every curve of its label
+                print(f"  {label}: seeds {', '.join(unfinished)} unfinished, left out")
+                runs[label] = {s: r for s, r in runs[label].items() if s not in unfinished}
+            if not runs[label]:
+                continue
             n = min(len(rows) for rows in runs[label].values())
             curves = np.array([[r["test_return_mean"] for r in rows[:n]]
                                for rows in runs[label].values()])
