@@ -171,8 +171,11 @@ def cmd_efficiency(args):
         runs = load_runs(args.runs, env_id)
         seeds = sorted(set(runs["none"]) & set(runs[args.label]))
         res = [efficiency(runs["none"][s], runs[args.label][s]) for s in seeds]
-        cells = [fmt_ci([efficiency(runs["none"][s], runs[args.label][s], r)["se_ave"]
-                         for s in seeds]) for r in readings]
+        by_reading = {"records": res}
+        if "even" in readings:
+            by_reading["even"] = [efficiency(runs["none"][s], runs[args.label][s], "even")
+                                  for s in seeds]
+        cells = [fmt_ci([e["se_ave"] for e in by_reading[r]]) for r in readings]
         cells += [fmt_ci([r["se_peak"] for r in res]), fmt_ci([r["rt_peak"] for r in res])]
         levels = ", ".join(f"{r['n_levels']} ({r['n_unreached']})" for r in res)
         print(f"| {env_id} | {name} | {len(seeds)} | {' | '.join(cells)} | {levels} |")
@@ -267,8 +270,8 @@ def cmd_ablation(args):
                 moves.append(f"| {env_id} | {variant} | {kl[0]:.4f} | {kl[1]:.4f} "
                              f"| {kl[1] / kl[0]:.1f} | {100 * filtered:.0f} % |")
     if moves:
-        print("\nHow far a round moves the policy: median over rounds and seeds of KL(pi_theta(k) || "
-              "pi_theta(k+1)) on B(k); rounds in which IIF dropped records\n")
+        print("\nHow far a round moves the policy: median over rounds and seeds of "
+              "KL(pi_theta(k) || pi_theta(k+1)) on B(k); rounds in which IIF dropped records\n")
         print("| env | recipe | KL, standard | KL, IIF | IIF / standard | rounds filtered |")
         print("|---|---|---|---|---|---|")
         print("\n".join(moves))
@@ -587,8 +590,9 @@ def cmd_dropped(args):
         fail("dropped reads episodes from step order: a run with --num-envs 1")
     metrics = read_metrics(os.path.join(args.run, "metrics.csv"))
     rounds = saved_rounds(args.run)[::args.every]
-    print("| round | test | agreement | KL | dropped | A_hat > 0: dropped / all | from episodes with "
-          "return > 0: dropped / all | most over-dropped action: dropped / all |")
+    print("| round | test | agreement | KL | dropped | A_hat > 0: dropped / all "
+          "| from episodes with return > 0: dropped / all "
+          "| most over-dropped action: dropped / all |")
     print("|---|---|---|---|---|---|---|---|")
     for k in rounds:
         b = load_round(args.run, k)
@@ -599,8 +603,8 @@ def cmd_dropped(args):
         drop = ~b["kept"].numpy()
         success = episode_returns(b) > 0
         row = metrics[k]
-        cells = [f"{row['test_return_mean']:.3f}", f"{agreement:+.2f}", f"{row.get('kl', math.nan):.3f}",
-                 f"{drop.sum()}"]
+        cells = [f"{row['test_return_mean']:.3f}", f"{agreement:+.2f}",
+                 f"{row.get('kl', math.nan):.3f}", f"{drop.sum()}"]
         if not drop.any():
             print(f"| {k} | {' | '.join(cells)} | - | - | - |")
             continue
@@ -608,14 +612,15 @@ def cmd_dropped(args):
         cells.append(f"{np.mean(success[drop]):.2f} / {np.mean(success):.2f}")
         if not b["actions"].is_floating_point():  # discrete actions
             actions = b["actions"].numpy()
-            share = {a: (np.mean(actions[drop] == a), np.mean(actions == a)) for a in np.unique(actions)}
+            share = {a: (np.mean(actions[drop] == a), np.mean(actions == a))
+                     for a in np.unique(actions)}
             a, (d, n) = max(share.items(), key=lambda kv: kv[1][0] - kv[1][1])
             cells.append(f"{a}: {d:.2f} / {n:.2f}")
         else:
             cells.append("-")
         print(f"| {k} | {' | '.join(cells)} |")
-    print("\nagreement: mean pairwise cosine of grad f_return over 8 slices of B(k); KL: the round's "
-          "KL(pi_theta(k) || pi_theta(k+1)) from metrics.csv (nan where not logged)")
+    print("\nagreement: mean pairwise cosine of grad f_return over 8 slices of B(k); KL: the "
+          "round's KL(pi_theta(k) || pi_theta(k+1)) from metrics.csv (nan where not logged)")
 
 
 def rankdata(x):

@@ -343,6 +343,14 @@ def target_fn(agent, params, t_obs, t_actions, t_weights):
     return (logp * t_weights).mean()
 
 
+def target_grad(agent, params, target):
+    """grad f at params, {name: gradient}, for the parameters f reaches (a separate critic has none)
+    """
+    grads = torch.autograd.grad(target_fn(agent, params, *target), list(params.values()),
+                                allow_unused=True)
+    return {k: g for k, g in zip(params, grads) if g is not None}
+
+
 def influence(agent, b, idx, target, args, adv=None, precond=None):
     """Influence of records idx (Sec. 3.1): I_i = <grad f(theta), -grad l_i(theta)>, at the agent's
     current parameters. Exact and batched: one backward pass gives g = grad f, one forward-mode pass
@@ -352,11 +360,9 @@ def influence(agent, b, idx, target, args, adv=None, precond=None):
     preconditioner P per parameter (adam_precond), giving I_i = <grad f, -P grad l_i>."""
     vf_coef = 0.0 if args.influence_loss == "policy" else args.vf_coef
     params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
-    # 1. g = grad f(theta), one backward pass
-    grads = torch.autograd.grad(target_fn(agent, params, *target), list(params.values()),
-                                allow_unused=True)
-    # 2. f never reaches a separate critic: those parameters get no tangent and stay fixed
-    g = {k: gk for k, gk in zip(params, grads) if gk is not None}
+    # 1. g = grad f(theta), one backward pass; 2. f never reaches a separate critic: those
+    # parameters get no tangent and stay fixed
+    g = target_grad(agent, params, target)
     if not args.score_log_std:  # --no-score-log-std: as if log-std were not a parameter
         g.pop("log_std", None)
     if precond is not None:  # <g, P grad l_i> = <P g, grad l_i> for a diagonal P
@@ -380,9 +386,8 @@ def target_agreement(agent, target, n_slices=8):
     params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
     grads = []
     for part in torch.arange(len(target[0])).tensor_split(n_slices):
-        g = torch.autograd.grad(target_fn(agent, params, *(x[part] for x in target)),
-                                list(params.values()), allow_unused=True)
-        grads.append(torch.cat([gi.flatten() for gi in g if gi is not None]))
+        g = target_grad(agent, params, [x[part] for x in target])
+        grads.append(torch.cat([gi.flatten() for gi in g.values()]))
     g = nn.functional.normalize(torch.stack(grads), dim=1)
     return float(((g @ g.T).sum() - n_slices) / (n_slices * (n_slices - 1)))
 
