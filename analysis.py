@@ -154,10 +154,15 @@ class Efficiency:
     levels: Literal["both", "records", "even"] = "both"
     """SE_ave's performance levels: standard's record returns, 10 even levels up to its peak, or
     a column for each"""
+    rounds: int = 0
+    """compare the first N rounds of each run only (0: all; the released code's LunarLander
+    comparison window is 100)"""
 
 
 def cmd_efficiency(args):
     name = LABELS.get(args.label, args.label)
+    if args.rounds < 0:
+        fail(f"--rounds must be 0 (all) or a number of rounds, got {args.rounds}")
     readings = ("records", "even") if args.levels == "both" else (args.levels,)
     print("Mean over seeds [95 % bootstrap interval], in %. SE_ave over standard's record returns "
           "and/or 10 even levels up to its peak; levels: records per seed (how many "
@@ -169,6 +174,8 @@ def cmd_efficiency(args):
     at = []
     for env_id in args.env:
         runs = load_runs(args.runs, env_id)
+        if args.rounds:
+            runs = {lb: {s: rows[:args.rounds] for s, rows in r.items()} for lb, r in runs.items()}
         seeds = sorted(set(runs["none"]) & set(runs[args.label]))
         res = [efficiency(runs["none"][s], runs[args.label][s]) for s in seeds]
         by_reading = {"records": res}
@@ -621,6 +628,59 @@ def cmd_dropped(args):
         print(f"| {k} | {' | '.join(cells)} |")
     print("\nagreement: mean pairwise cosine of grad f_return over 8 slices of B(k); KL: the "
           "round's KL(pi_theta(k) || pi_theta(k+1)) from metrics.csv (nan where not logged)")
+
+
+CHANGES = {  # rescore --change: the flags it sets
+    "no-score-log-std": dict(score_log_std=False),
+    "influence-loss-full": dict(influence_loss="full"),
+    "target-adv-normalized": dict(target_adv="normalized"),
+}
+
+
+@dataclass
+class Rescore:
+    """what a scoring choice changes: every saved round scored again with one flag changed, against
+    the run's own scores: the rank correlation and the overlap of the records each would drop"""
+    run: str
+    """an iif.py run made with --filter-method influence --save-rounds"""
+    change: Literal[tuple(CHANGES)] = "no-score-log-std"
+    """the flag changed: leave a Gaussian's log-std out of the score, score l_i with the full PPO
+    loss, or weight f_return by the normalised A_hat"""
+    every: int = 1
+    """every N-th saved round"""
+
+
+def cmd_rescore(args):
+    config = load_config(args.run)
+    if config["target"] != "f_return":
+        fail(f"rescore re-scores f_return runs; {args.run} scored {config['target']}")
+    cfgs = [SimpleNamespace(**config), SimpleNamespace(**{**config, **CHANGES[args.change]})]
+    print(f"{args.run}, --{args.change}: the bottom floor(p x negatives) records, p = "
+          f"{config['filter_p']}, under each scoring\n")
+    print("| round | run's scores reproduced to | Spearman | dropped: run / changed | overlap |")
+    print("|---|---|---|---|---|")
+    rhos, overlaps = [], []
+    for k in saved_rounds(args.run)[::args.every]:
+        b = load_round(args.run, k)
+        agent = agent_for(config, b["state_dict"])
+        adv = raw_advantages(b)
+        scores, drops = [], []
+        for cfg in cfgs:
+            weights = torch.as_tensor(adv if cfg.target_adv == "raw" else iif.normalize(adv))
+            target = (b["obs"], b["actions"], weights)
+            scores.append(iif.influence(agent, b, torch.arange(len(adv)), target, cfg,
+                                        iif.scoring_advantages(b, cfg)))
+            kept, _ = iif.filter_records(scores[-1], "influence", cfg.filter_p, None,
+                                         cfg.filter_ties)
+            drops.append(set(torch.nonzero(~kept)[:, 0].tolist()))
+        err = float((scores[0] - b["influence"]).abs().max() / b["influence"].abs().max())
+        rhos.append(spearman(scores[0].numpy(), scores[1].numpy()))
+        overlaps.append(len(drops[0] & drops[1]) / max(len(drops[0]), 1))
+        print(f"| {k} | {err:.1e} | {rhos[-1]:.3f} | {len(drops[0])} / {len(drops[1])} | "
+              f"{overlaps[-1]:.2f} |")
+    print(f"\nmedian over {len(rhos)} rounds: Spearman {np.median(rhos):.3f}, overlap of the "
+          f"dropped records {np.median(overlaps):.2f} (the share of the run's drops that the "
+          "changed scoring drops too)")
 
 
 def rankdata(x):
@@ -1097,6 +1157,7 @@ COMMANDS = {  # subcommand: (its flags, what it runs)
     "ablation": (Ablation, cmd_ablation),
     "bottom-records": (BottomRecords, cmd_bottom_records),
     "dropped": (Dropped, cmd_dropped),
+    "rescore": (Rescore, cmd_rescore),
     "advantage-diagnosis": (AdvantageDiagnosis, cmd_advantage_diagnosis),
     "behavior-formation": (BehaviorFormation, cmd_behavior_formation),
     "intervention": (Intervention, cmd_intervention),

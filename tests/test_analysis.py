@@ -1,5 +1,6 @@
 """analysis.py: metrics against hand-computed examples, and every subcommand on tiny runs."""
 import argparse
+import csv
 import dataclasses
 import math
 import os
@@ -147,6 +148,21 @@ def test_curves_and_efficiency_subcommands(frozenlake_runs, tmp_path):
     assert "| FrozenLake-v1 | IIF | -1 | 1 / 1, 1 / 1 | 0.0 % (2 of 2 seeds) |" in out  # every run reaches -1 in its first round
 
 
+def test_efficiency_on_the_first_rounds(tmp_path):
+    for label, returns in (("none", [1, 2, 3, 4]), ("influence", [2, 3, 3, 3])):
+        os.makedirs(tmp_path / f"E__{label}__1")
+        rows = [{k: 0.1 for k in iif.METRICS} | dict(round=k, test_return_mean=r) for k, r in enumerate(returns)]
+        with open(tmp_path / f"E__{label}__1" / "metrics.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=iif.METRICS)
+            w.writeheader()
+            w.writerows(rows)
+    cmd = ("analysis.py", "efficiency", "--runs", str(tmp_path), "--env", "E", "--levels", "records")
+    out = sh(*cmd)  # SE(v) for v = 1, 2, 3, 4: 1 - 1/1, 1 - 1/2, 1 - 2/3, 1 - (4 + 1)/4
+    assert "| 14.6 [14.6, 14.6] |" in out and "| 4 (1) |" in out
+    out = sh(*cmd, "--rounds", "2")  # v = 1, 2 only
+    assert "| 25.0 [25.0, 25.0] |" in out and "| 2 (0) |" in out
+
+
 def test_frozenlake_diagnostics_subcommands(frozenlake_runs, tmp_path):
     _, saved = frozenlake_runs
     out = sh("analysis.py", "bottom-records", "--run", saved, "--rounds", "1", "5", "--n", "20",
@@ -164,6 +180,12 @@ def test_frozenlake_diagnostics_subcommands(frozenlake_runs, tmp_path):
     proc = subprocess.run([sys.executable, "analysis.py", "behavior-formation", "--run", saved, "--action", "7"],
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode != 0 and "--action 7: no record of round" in proc.stderr
+    out = sh("analysis.py", "rescore", "--run", saved, "--change", "no-score-log-std")
+    rows = re.findall(r"^\| \d+ \| (\S+) \| (\S+) \| (\d+) / (\d+) \| (\S+) \|$", out, re.M)
+    assert len(rows) == 6 and all(float(r[0]) < 1e-5 for r in rows)  # the run's own scores, rescored
+    assert all(r[1] == "1.000" and r[2] == r[3] for r in rows)  # no log-std in a discrete policy
+    out = sh("analysis.py", "rescore", "--run", saved, "--change", "target-adv-normalized")
+    assert "median over 6 rounds" in out
     out = sh("analysis.py", "intervention", "--run", saved, "--every", "2", "--episodes", "4",
              "--out", str(tmp_path / "i.png"))
     assert "negatives dropped" in out and (tmp_path / "i.png").exists()
