@@ -51,6 +51,7 @@ fi
 if complete LunarLander-v3 150; then  # on envpool, tested every 5th round
   python analysis.py curves --runs results/runs --env LunarLander-v3 --labels influence none random td-weight --out $F/curves_lunarlander.png > $F/curves_lunarlander.txt
   python analysis.py efficiency --runs results/runs --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander.md
+  python analysis.py efficiency --runs results/runs --env LunarLander-v3 --rounds 100 --at 0 100 200 > $F/efficiency_lunarlander_100.md
   if complete LunarLander-v3 150 td-weight; then
     python analysis.py efficiency --runs results/runs --env LunarLander-v3 --label td-weight --at 0 100 200 > $F/efficiency_td_lunarlander.md
   fi
@@ -100,6 +101,9 @@ if [ -d results/generic/base ]; then
 fi
 if [ -f results/generic/paper-guard/Acrobot-v1__influence__3/metrics.csv ]; then
   python analysis.py ablation --runs results --variants runs generic/paper-guard --env Acrobot-v1 --complete Acrobot-v1=50 > $F/paper_guard.md
+fi
+if [ -d $D/BipedalWalker-v3__influence__1/rounds ]; then  # the log-std in and out of the score
+  python analysis.py rescore --run $D/BipedalWalker-v3__influence__1 --change no-score-log-std --every 5 > $F/rescore_bipedalwalker.md
 fi
 if [ -d $D/MiniGrid-DoorKey-5x5-v0__influence__1/rounds ]; then
   python analysis.py dropped --run $D/MiniGrid-DoorKey-5x5-v0__influence__1 > $F/dropped_doorkey.md
