@@ -1,7 +1,7 @@
-"""The envpool backend of iif.py (--env-backend envpool, and auto where a preset has a port): envpool's
-batched C++ environments behind the gymnasium vector API that iif.py uses. Optional: iif.py imports
-it only for that backend, and without this file (or without the envpool package) runs every preset on
-gymnasium. docs/backends.md compares the two backends.
+"""The envpool backend of iif.py (--env-backend envpool, and auto where a preset has a port):
+envpool's batched C++ environments behind the gymnasium vector API that iif.py uses. Optional:
+iif.py imports it only for that backend, and without this file (or without the envpool package)
+runs every preset on gymnasium. docs/backends.md compares the two backends.
 """
 import warnings
 
@@ -11,11 +11,11 @@ import numpy as np
 
 
 class EnvpoolVec:
-    """envpool resets a finished environment on its *next* step, which ignores the action and returns
-    reward 0 and the first observation: a record that is no transition. This wrapper resets it at
-    once instead, as gymnasium's SAME_STEP mode does, so both backends give the buffer the same
-    records. reset(seed=s) rebuilds the pool (envpool fixes seeds at creation): environment i then
-    runs on seed s + i, as on gymnasium. step(action, env_id) can step only some environments,
+    """envpool resets a finished environment on its *next* step, which ignores the action and
+    returns reward 0 and the first observation: a record that is no transition. This wrapper resets
+    it at once instead, as gymnasium's SAME_STEP mode does, so both backends give the buffer the
+    same records. reset(seed=s) rebuilds the pool (envpool fixes seeds at creation): environment i
+    then runs on seed s + i, as on gymnasium. step(action, env_id) can step only some environments,
     which iif.py's evaluate uses."""
 
     def __init__(self, env_id, kwargs, num_envs, threads):
