@@ -561,7 +561,7 @@ def main(args):
                 kept, sample_p = baseline_filter(b, kept, args)  # App. C replaces the filter
 
             # Stage III (Alg. 1): the ordinary PPO update on the kept records
-            theta_k = {key: v.clone() for key, v in agent.state_dict().items()}
+            theta_k = {key: v.clone() for key, v in agent.state_dict().items()}  # --save-rounds
             with timed("t_optim"):
                 n_updates, tracin = ppo_update(
                     agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng,
