@@ -53,7 +53,6 @@ import tyro
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
 @dataclass
 class Args:
     model_name: str = "EleutherAI/gpt-neo-2.7B"
@@ -165,86 +164,14 @@ class Args:
     """label of --eval-reward-model that means toxic"""
 
 
-METRICS = ["round", "step", "completions", "reward_mean", "reward_std", "n_kept", "n_negative",
-           "eval_toxicity", "t_generate", "t_forward", "t_influence", "t_optim", "t_eval"]
+# ---- The reward, and a completion's log-probabilities and GRPO loss (TRL's) ----
+def make_reward_fn(rm):
+    """The reward of a completion: the classifier's label logit on the completion alone"""
+    model, tok, label = rm
 
-
-def fail(msg):
-    raise SystemExit(f"grpo_iif.py: error: {msg}")
-
-
-def load(flag, name, loader, *a, **kw):
-    """Load a model, tokenizer or dataset; on any failure stop with the flag's name, before a file
-    is written"""
-    try:
-        return loader(name, *a, **kw)
-    except Exception as e:  # OSError, ValueError, hub and connection errors all end here
-        fail(f"{flag} {name!r} could not be loaded ({type(e).__name__}: "
-             f"{str(e).strip().splitlines()[0][:300]}). "
-             "Without network access, download it on another machine and pass its local path.")
-
-
-def load_rows(flag, name, split):
-    from datasets import load_dataset
-    if name.endswith((".json", ".jsonl")):
-        return load(flag, name, lambda path: load_dataset("json", data_files=path, split="train"))
-    return load(flag, name, load_dataset, split=split)
-
-
-def load_prompts(args, tokenizer):
-    """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt +
-    continuation text; split into training and held-out prompts. Returns the prompts as text, as TRL
-    takes them."""
-    rows = load_rows("--dataset", args.dataset, "train")
-    if "prompt" not in rows.column_names:
-        fail(f"--dataset {args.dataset!r} has no 'prompt' column (columns: {rows.column_names})")
-    rng = np.random.default_rng(args.seed)
-    prompts = []
-    for row in rows:
-        p = row["prompt"]
-        c = row.get("continuation") or {}
-        if p.get("toxicity") is None or p["toxicity"] <= args.min_prompt_toxicity:
-            continue
-        ids = tokenizer(p["text"] + (c.get("text") or ""))["input_ids"]
-        n = int(rng.integers(args.prompt_min_tokens, args.prompt_max_tokens + 1))
-        if len(ids) >= n:
-            prompts.append(tokenizer.decode(ids[:n]))
-    order = rng.permutation(len(prompts))
-    n_held = int(args.held_out_fraction * len(prompts))
-    train = [prompts[i] for i in order[n_held:]]
-    held = [prompts[i] for i in order[:n_held]]
-    n_batch = args.batch_size // args.num_generations
-    if len(train) < n_batch:
-        fail(f"--dataset {args.dataset!r} has {len(train)} training prompts with toxicity > "
-             f"{args.min_prompt_toxicity} and >= {args.prompt_min_tokens} tokens, fewer than the "
-             f"{n_batch} of a generation batch (--batch-size / --num-generations)")
-    if args.target_data == "validation" and len(held) < args.validation_size:
-        fail(f"--validation-size {args.validation_size}: only {len(held)} held-out prompts "
-             f"(--held-out-fraction {args.held_out_fraction})")
-    return train, held[:args.validation_size]
-
-
-def load_eval_prompts(args, tokenizer):
-    rows = load_rows("--eval-dataset", args.eval_dataset, args.eval_split)
-    if not {"comment_text", "label"} <= set(rows.column_names):
-        fail(f"--eval-dataset {args.eval_dataset!r} needs 'comment_text' and 'label' columns "
-             f"(has {rows.column_names})")
-    texts = [r["comment_text"] for r in rows if r["label"] == 1][:args.eval_samples]
-    if not texts:
-        fail(f"--eval-dataset {args.eval_dataset!r} has no toxic (label 1) rows in split "
-             f"{args.eval_split!r}")
-    return [tokenizer(t)["input_ids"][-args.eval_max_prompt_tokens:] for t in texts]
-
-
-def load_classifier(flag, name, label_flag, label):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    tok = load(flag, name, AutoTokenizer.from_pretrained)
-    model = load(flag, name, AutoModelForSequenceClassification.from_pretrained).eval()
-    labels = {v: int(k) for k, v in model.config.id2label.items()}
-    if label not in labels:
-        fail(f"{label_flag} {label!r} is not a label of {flag} {name!r}; its labels are "
-             f"{sorted(labels)}")
-    return model, tok, labels[label]
+    def label_logit(prompts, completions, **kwargs):  # TRL logs it as rewards/label_logit/mean
+        return classify(model, tok, completions)[:, label].tolist()
+    return label_logit
 
 
 @torch.no_grad()
@@ -253,15 +180,6 @@ def classify(model, tok, texts, bs=64):
     return torch.cat([model(**tok(texts[i:i + bs], padding=True, truncation=True,
                                   return_tensors="pt").to(device)).logits.float()
                       for i in range(0, len(texts), bs)])
-
-
-def make_reward_fn(rm):
-    """The reward of a completion: the classifier's label logit on the completion alone"""
-    model, tok, label = rm
-
-    def label_logit(prompts, completions, **kwargs):  # TRL logs it as rewards/label_logit/mean
-        return classify(model, tok, completions)[:, label].tolist()
-    return label_logit
 
 
 def batches(n, size):
@@ -295,6 +213,7 @@ def completion_losses(model, b, idx, args, params=None):
     return (loss * m).sum(1) / b["num_items_in_batch"].clamp(min=1)
 
 
+# ---- Stage II of Alg. 1: the target, the influence of every completion, the filter ----
 def target(model, t, idx, args, world=1):
     """f restricted to target completions idx of this process; summed over every batch of t, and
     over the world processes' shares, it is f(theta) on the whole target set"""
@@ -408,63 +327,46 @@ def filter_records(scores, method, p, gen):
     return kept
 
 
-@torch.no_grad()
-def sample_continuations(model, queries, tokenizer, args, bs=64, synced=False):
-    """Continuations of the token-id queries, sampled from pi_theta itself as in training, bs
-    prompts per generate() call; each is its text up to its first EOS. synced: every process keeps
-    stepping until all have finished (sharded parameters are gathered at every step)"""
-    device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id
-    eos = tokenizer.eos_token_id
-    texts = []
-    for i in range(0, len(queries), bs):
-        q = queries[i:i + bs]
-        P = max(map(len, q))
-        ids = torch.full((len(q), P), pad, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for j, x in enumerate(q):
-            ids[j, P - len(x):] = torch.tensor(x)
-            attn[j, P - len(x):] = 1
-        # every knob a model's generation_config may set is neutralised here
-        out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
-                             do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-                             typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
-                             max_new_tokens=args.gen_tokens, min_new_tokens=0, pad_token_id=pad,
-                             eos_token_id=eos, synced_gpus=synced)[:, P:].cpu()
-        is_eos = out == eos
-        ends = torch.where(is_eos.any(1), is_eos.int().argmax(1), out.shape[1])
-        texts += [tokenizer.decode(row[:n], skip_special_tokens=True)
-                  for row, n in zip(out, ends.tolist())]
-    return texts
+def score_and_filter(trainer, b):
+    """Stage II of Alg. 1 on one generation batch: every process scores its share at theta(k), the
+    scores of the whole batch are gathered (in process order) and filtered. Returns the kept mask
+    and the gathered scores (None with --filter-method none: every completion is kept)."""
+    args, acc = trainer.iif_args, trainer.accelerator
+    if args.filter_method == "none":
+        return torch.ones(len(trainer.rewards), dtype=torch.bool), None
+    t = b if args.target_data == "buffer" else trainer.validation_batch()
+    model = acc.unwrap_model(trainer.model)
+    score = influence_activations if trained_linears(model) else influence
+    scores = score(model, b, t, args, world=acc.num_processes,
+                   all_sum=lambda g: acc.reduce(g, reduction="sum"))
+    all_scores = acc.gather(scores).cpu()
+    if not torch.isfinite(all_scores).all():
+        fail(f"generation batch {trainer.n_rounds}: non-finite influence; lower --learning-rate")
+    kept = filter_records(all_scores, args.filter_method, args.filter_p, trainer.iif_gen)
+    return kept, all_scores
 
 
-def evaluate(model, queries, tokenizer, clf, args, rank=0, synced=False):
-    """App. B.3: the toxicity probability of a sampled continuation of each toxic test prompt (a
-    fixed seed for each process, and the training generator left untouched)"""
-    clf_model, tok, toxic = clf
-    device = next(model.parameters()).device
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(args.seed + 10_000 + rank)
-        texts = sample_continuations(model, queries, tokenizer, args, synced=synced)
-    return classify(clf_model, tok, texts).softmax(-1)[:, toxic]
+def keep_only(trainer, b, kept):
+    """This process's share of the generation batch with the dropped completions taken out, so that
+    TRL's update passes do not compute them. TRL still splits it into its steps_per_generation
+    micro-batches, so the optimizer steps per generation batch are unchanged, and its loss
+    normaliser counts the kept tokens of every process. Every process keeps as many rows as the one
+    with most kept completions, rounded up to whole micro-batches, so all make the same passes
+    together (DDP, FSDP); the rows added to reach that count are dropped completions with their mask
+    zeroed, which leaves the loss, as TRL's mask_truncated_completions does."""
+    acc = trainer.accelerator
+    per_process = kept.view(acc.num_processes, -1)  # the same on every process
+    mine = per_process[acc.process_index]
+    k = trainer.args.steps_per_generation
+    n_rows = max(1, -(-int(per_process.sum(1).max()) // k)) * k
+    rows = torch.argsort((~mine).int(), stable=True)[:n_rows]  # the kept ones first
+    b = take_rows(b, rows.to(b["advantages"].device))
+    b["completion_mask"] = b["completion_mask"] * mine[rows, None].to(b["completion_mask"])
+    b["num_items_in_batch"] = acc.gather(b["completion_mask"].sum()).sum()
+    return b
 
 
-def timer():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter()
-
-
-def take_rows(b, rows):
-    """The generation batch b restricted to rows, every per-completion field of it (the fields
-    that TRL's shuffle_sequence_dict permutes)"""
-    def take(v):
-        if v is None or isinstance(v, torch.Tensor) and v.ndim == 0:
-            return v
-        return v[rows] if isinstance(v, torch.Tensor) else [v[i] for i in rows.tolist()]
-    return {k: take(v) for k, v in b.items()}
-
-
+# ---- Alg. 1 on TRL's GRPOTrainer: Stage I (generation) and III (the update) are TRL's ----
 def make_trainer_class():
     from accelerate.utils import DistributedType
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -506,9 +408,7 @@ def make_trainer_class():
         def _generate_and_score_completions(self, inputs):
             if not self.model.training:
                 return super()._generate_and_score_completions(inputs)
-            self.write_row()  # the previous generation batch's update is over
-            args = self.iif_args
-            acc = self.accelerator
+            write_row(self)  # the previous generation batch's update is over
 
             # Stage I (Alg. 1): generation batch B(k) at theta(k): completions, rewards, advantages
             t0 = timer()
@@ -520,52 +420,19 @@ def make_trainer_class():
 
             # Stage II (Alg. 1): score completions at theta(k) (Sec. 5.1, 5.3), drop harmful ones
             t0 = timer()
-            scores = None
-            if args.filter_method != "none":
-                t = b if args.target_data == "buffer" else self.validation_batch()
-                model = acc.unwrap_model(self.model)
-                score = influence_activations if trained_linears(model) else influence
-                scores = score(model, b, t, args, world=acc.num_processes,
-                               all_sum=lambda g: acc.reduce(g, reduction="sum"))
-                # the whole generation batch, in process order
-                all_scores = acc.gather(scores).cpu()
-                if not torch.isfinite(all_scores).all():
-                    fail(f"generation batch {self.n_rounds}: non-finite influence; "
-                         "lower --learning-rate")
-                kept = filter_records(all_scores, args.filter_method, args.filter_p, self.iif_gen)
-                b = self.keep_only(b, kept)
-            else:
-                kept = torch.ones(len(rewards), dtype=torch.bool)
+            kept, scores = score_and_filter(self, b)
+            if scores is not None:
+                b = keep_only(self, b, kept)
             n_kept = int(kept.sum())
             self._metrics["train"]["iif/kept_fraction"].append(n_kept / len(kept))
             self.row = dict(round=self.n_rounds, step=self.state.global_step,
                             completions=len(rewards), reward_mean=rewards.nanmean().item(),
                             reward_std=rewards.std().item(), n_kept=n_kept,
-                            n_negative="" if scores is None else int((all_scores < 0).sum()),
+                            n_negative="" if scores is None else int((scores < 0).sum()),
                             t_generate=t_generate, t_forward=t_forward, t_influence=timer() - t0)
             self.n_rounds += 1
             self.t_stage2_end = timer()
             # Stage III (Alg. 1) follows in TRL's training steps, on the kept completions of b
-            return b
-
-        def keep_only(self, b, kept):
-            """This process's share of the generation batch with the dropped completions taken out,
-            so that TRL's update passes do not compute them. TRL still splits it into its
-            steps_per_generation micro-batches, so the optimizer steps per generation batch are
-            unchanged, and its loss normaliser counts the kept tokens of every process. Every
-            process keeps as many rows as the one with most kept completions, rounded up to whole
-            micro-batches, so all make the same passes together (DDP, FSDP); the rows added to
-            reach that count are dropped completions with their mask zeroed, which leaves the loss,
-            as TRL's mask_truncated_completions does."""
-            acc = self.accelerator
-            per_process = kept.view(acc.num_processes, -1)  # the same on every process
-            mine = per_process[acc.process_index]
-            k = self.args.steps_per_generation
-            n_rows = max(1, -(-int(per_process.sum(1).max()) // k)) * k
-            rows = torch.argsort((~mine).int(), stable=True)[:n_rows]  # the kept ones first
-            b = take_rows(b, rows.to(b["advantages"].device))
-            b["completion_mask"] = b["completion_mask"] * mine[rows, None].to(b["completion_mask"])
-            b["num_items_in_batch"] = acc.gather(b["completion_mask"].sum()).sum()
             return b
 
         def validation_batch(self):
@@ -586,47 +453,10 @@ def make_trainer_class():
                 (self._metrics["train"], self._logs, self.state.num_input_tokens_seen,
                  self.rewards) = saved
 
-        def test_toxicity(self):
-            """App. B.3's test toxicity. Every process samples an equal share of the test prompts
-            (the last one repeated to even the shares out, and left out of the mean), with its own
-            seed; the probabilities are gathered."""
-            acc = self.accelerator
-            clf, queries = self.evaluation
-            n = -(-len(queries) // acc.num_processes)
-            mine = (queries + queries[-1:] * n)[acc.process_index * n:][:n]
-            p = evaluate(acc.unwrap_model(self.model), mine, self.processing_class, clf,
-                         self.iif_args, rank=acc.process_index, synced=self.sharded)
-            return acc.gather(p.to(acc.device))[:len(queries)].mean().item()
-
-        def write_row(self, last=False):
-            """One metrics.csv row per generation batch, once its update (Stage III) is over; the
-            test toxicity after every --eval-every-th update and after the last, measured by every
-            process"""
-            if self.row is None:
-                return
-            r = self.row
-            args = self.iif_args
-            r["t_optim"] = timer() - self.t_stage2_end
-            r["eval_toxicity"] = ""
-            r["t_eval"] = 0.0
-            if self.evaluation and ((r["round"] + 1) % args.eval_every == 0 or last):
-                t0 = timer()
-                r["eval_toxicity"] = self.test_toxicity()
-                r["t_eval"] = timer() - t0
-            if self.writer is not None:
-                self.writer[0].writerow(r)
-                self.writer[1].flush()
-                tox = f" toxicity {r['eval_toxicity']:.3f}" if r["eval_toxicity"] != "" else ""
-                print(f"generation batch {r['round']} reward {r['reward_mean']:.3f} | kept "
-                      f"{r['n_kept']}/{r['completions']}{tox} | s: generate {r['t_generate']:.1f} "
-                      f"forward {r['t_forward']:.1f} influence {r['t_influence']:.1f} "
-                      f"optim {r['t_optim']:.1f}", flush=True)
-            self.row = None
-
         def _save_checkpoint(self, model, trial):
             """TRL's checkpoint (at the end of a generation batch's update, see --save-steps), after
             that batch's metrics.csv row, with the random filter's generator"""
-            self.write_row(last=self.state.global_step >= self.state.max_steps)
+            write_row(self, last=self.state.global_step >= self.state.max_steps)
             super()._save_checkpoint(model, trial)
             folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             if self.args.should_save:
@@ -636,6 +466,183 @@ def make_trainer_class():
     return IIFGRPOTrainer
 
 
+# ---- The test toxicity (App. B.3) ----
+@torch.no_grad()
+def sample_continuations(model, queries, tokenizer, args, bs=64, synced=False):
+    """Continuations of the token-id queries, sampled from pi_theta itself as in training, bs
+    prompts per generate() call; each is its text up to its first EOS. synced: every process keeps
+    stepping until all have finished (sharded parameters are gathered at every step)"""
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id
+    eos = tokenizer.eos_token_id
+    texts = []
+    for i in range(0, len(queries), bs):
+        q = queries[i:i + bs]
+        P = max(map(len, q))
+        ids = torch.full((len(q), P), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for j, x in enumerate(q):
+            ids[j, P - len(x):] = torch.tensor(x)
+            attn[j, P - len(x):] = 1
+        # every knob a model's generation_config may set is neutralised here
+        out = model.generate(input_ids=ids.to(device), attention_mask=attn.to(device),
+                             do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                             typical_p=1.0, repetition_penalty=1.0, no_repeat_ngram_size=0,
+                             max_new_tokens=args.gen_tokens, min_new_tokens=0, pad_token_id=pad,
+                             eos_token_id=eos, synced_gpus=synced)[:, P:].cpu()
+        is_eos = out == eos
+        ends = torch.where(is_eos.any(1), is_eos.int().argmax(1), out.shape[1])
+        texts += [tokenizer.decode(row[:n], skip_special_tokens=True)
+                  for row, n in zip(out, ends.tolist())]
+    return texts
+
+
+def evaluate(model, queries, tokenizer, clf, args, rank=0, synced=False):
+    """App. B.3: the toxicity probability of a sampled continuation of each toxic test prompt (a
+    fixed seed for each process, and the training generator left untouched)"""
+    clf_model, tok, toxic = clf
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(args.seed + 10_000 + rank)
+        texts = sample_continuations(model, queries, tokenizer, args, synced=synced)
+    return classify(clf_model, tok, texts).softmax(-1)[:, toxic]
+
+
+def test_toxicity(trainer):
+    """App. B.3's test toxicity. Every process samples an equal share of the test prompts (the last
+    one repeated to even the shares out, and left out of the mean), with its own seed; the
+    probabilities are gathered."""
+    acc = trainer.accelerator
+    clf, queries = trainer.evaluation
+    n = -(-len(queries) // acc.num_processes)
+    mine = (queries + queries[-1:] * n)[acc.process_index * n:][:n]
+    p = evaluate(acc.unwrap_model(trainer.model), mine, trainer.processing_class, clf,
+                 trainer.iif_args, rank=acc.process_index, synced=trainer.sharded)
+    return acc.gather(p.to(acc.device))[:len(queries)].mean().item()
+
+
+# ---- main: TRL's training loop, Alg. 1 in every generation batch ----
+def main(args, dtype=torch.float32):
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    trainer = make_trainer(args, dtype)
+    acc = trainer.accelerator
+    run_dir = os.path.join(args.runs_dir, args.run_name)
+    if args.resume_from_checkpoint:  # the generation batches done, the random filter's state
+        state = torch.load(os.path.join(args.resume_from_checkpoint, "iif_state.pt"))
+        trainer.n_rounds = state["n_rounds"]
+        trainer.iif_gen.set_state(state["iif_gen"])
+    acc.wait_for_everyone()  # every process has checked the run folder before it is written
+    if acc.is_main_process:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, "config.json"), "w") as f:
+            json.dump(vars(args), f, indent=1)
+        trainer.writer = open_metrics(run_dir, trainer.n_rounds)
+    n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
+    if acc.is_main_process:
+        resumed = f", after {trainer.n_rounds} generation batches" if trainer.n_rounds else ""
+        print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {acc.device} x "
+              f"{acc.num_processes} ({acc.distributed_type.value}): generation batches of "
+              f"{args.batch_size} completions ({args.num_generations} per prompt), filter "
+              f"{args.filter_method}, target {args.target} on {args.target_data} -> "
+              f"{run_dir}{resumed}", flush=True)
+    try:
+        # Stage III (Alg. 1) runs inside: TRL's GRPO steps, num_iterations passes per filtered batch
+        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
+        write_row(trainer, last=True)
+        trainer.save_model(os.path.join(run_dir, "policy"))  # the adapter only, with LoRA
+    finally:  # also on Ctrl-C: every finished generation batch is in metrics.csv
+        if trainer.writer is not None:
+            trainer.writer[1].close()
+    return trainer
+
+
+# =================================================================================================
+# Everything Alg. 1 needs stands above. Below, what a first reading may skip: loading the models
+# and data with clear errors, the flag checks, TRL's config, and the run folder.
+# =================================================================================================
+
+
+# ---- Plumbing: loading the models and data ----
+def fail(msg):
+    raise SystemExit(f"grpo_iif.py: error: {msg}")
+
+
+def load(flag, name, loader, *a, **kw):
+    """Load a model, tokenizer or dataset; on any failure stop with the flag's name, before a file
+    is written"""
+    try:
+        return loader(name, *a, **kw)
+    except Exception as e:  # OSError, ValueError, hub and connection errors all end here
+        fail(f"{flag} {name!r} could not be loaded ({type(e).__name__}: "
+             f"{str(e).strip().splitlines()[0][:300]}). "
+             "Without network access, download it on another machine and pass its local path.")
+
+
+def load_rows(flag, name, split):
+    from datasets import load_dataset
+    if name.endswith((".json", ".jsonl")):
+        return load(flag, name, lambda path: load_dataset("json", data_files=path, split="train"))
+    return load(flag, name, load_dataset, split=split)
+
+
+def load_prompts(args, tokenizer):
+    """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt +
+    continuation text; split into training and held-out prompts. Returns the prompts as text, as TRL
+    takes them."""
+    rows = load_rows("--dataset", args.dataset, "train")
+    if "prompt" not in rows.column_names:
+        fail(f"--dataset {args.dataset!r} has no 'prompt' column (columns: {rows.column_names})")
+    rng = np.random.default_rng(args.seed)
+    prompts = []
+    for row in rows:
+        p = row["prompt"]
+        c = row.get("continuation") or {}
+        if p.get("toxicity") is None or p["toxicity"] <= args.min_prompt_toxicity:
+            continue
+        ids = tokenizer(p["text"] + (c.get("text") or ""))["input_ids"]
+        n = int(rng.integers(args.prompt_min_tokens, args.prompt_max_tokens + 1))
+        if len(ids) >= n:
+            prompts.append(tokenizer.decode(ids[:n]))
+    order = rng.permutation(len(prompts))
+    n_held = int(args.held_out_fraction * len(prompts))
+    train = [prompts[i] for i in order[n_held:]]
+    held = [prompts[i] for i in order[:n_held]]
+    n_batch = args.batch_size // args.num_generations
+    if len(train) < n_batch:
+        fail(f"--dataset {args.dataset!r} has {len(train)} training prompts with toxicity > "
+             f"{args.min_prompt_toxicity} and >= {args.prompt_min_tokens} tokens, fewer than the "
+             f"{n_batch} of a generation batch (--batch-size / --num-generations)")
+    if args.target_data == "validation" and len(held) < args.validation_size:
+        fail(f"--validation-size {args.validation_size}: only {len(held)} held-out prompts "
+             f"(--held-out-fraction {args.held_out_fraction})")
+    return train, held[:args.validation_size]
+
+
+def load_eval_prompts(args, tokenizer):
+    rows = load_rows("--eval-dataset", args.eval_dataset, args.eval_split)
+    if not {"comment_text", "label"} <= set(rows.column_names):
+        fail(f"--eval-dataset {args.eval_dataset!r} needs 'comment_text' and 'label' columns "
+             f"(has {rows.column_names})")
+    texts = [r["comment_text"] for r in rows if r["label"] == 1][:args.eval_samples]
+    if not texts:
+        fail(f"--eval-dataset {args.eval_dataset!r} has no toxic (label 1) rows in split "
+             f"{args.eval_split!r}")
+    return [tokenizer(t)["input_ids"][-args.eval_max_prompt_tokens:] for t in texts]
+
+
+def load_classifier(flag, name, label_flag, label):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    tok = load(flag, name, AutoTokenizer.from_pretrained)
+    model = load(flag, name, AutoModelForSequenceClassification.from_pretrained).eval()
+    labels = {v: int(k) for k, v in model.config.id2label.items()}
+    if label not in labels:
+        fail(f"{label_flag} {label!r} is not a label of {flag} {name!r}; its labels are "
+             f"{sorted(labels)}")
+    return model, tok, labels[label]
+
+
+# ---- Plumbing: the flags, TRL's config and trainer, the run folder ----
 def world_size():
     return int(os.environ.get("WORLD_SIZE", "1"))
 
@@ -779,6 +786,26 @@ def make_trainer(args, dtype=torch.float32):
     return trainer
 
 
+def take_rows(b, rows):
+    """The generation batch b restricted to rows, every per-completion field of it (the fields
+    that TRL's shuffle_sequence_dict permutes)"""
+    def take(v):
+        if v is None or isinstance(v, torch.Tensor) and v.ndim == 0:
+            return v
+        return v[rows] if isinstance(v, torch.Tensor) else [v[i] for i in rows.tolist()]
+    return {k: take(v) for k, v in b.items()}
+
+
+def timer():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+METRICS = ["round", "step", "completions", "reward_mean", "reward_std", "n_kept", "n_negative",
+           "eval_toxicity", "t_generate", "t_forward", "t_influence", "t_optim", "t_eval"]
+
+
 def open_metrics(run_dir, n_rounds):
     """metrics.csv, new, or (resuming) cut back to its first n_rounds generation batches"""
     path = os.path.join(run_dir, "metrics.csv")
@@ -794,39 +821,29 @@ def open_metrics(run_dir, n_rounds):
     return writer, f
 
 
-def main(args, dtype=torch.float32):
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    trainer = make_trainer(args, dtype)
-    acc = trainer.accelerator
-    run_dir = os.path.join(args.runs_dir, args.run_name)
-    if args.resume_from_checkpoint:  # the generation batches done, the random filter's state
-        state = torch.load(os.path.join(args.resume_from_checkpoint, "iif_state.pt"))
-        trainer.n_rounds = state["n_rounds"]
-        trainer.iif_gen.set_state(state["iif_gen"])
-    acc.wait_for_everyone()  # every process has checked the run folder before it is written
-    if acc.is_main_process:
-        os.makedirs(run_dir, exist_ok=True)
-        with open(os.path.join(run_dir, "config.json"), "w") as f:
-            json.dump(vars(args), f, indent=1)
-        trainer.writer = open_metrics(run_dir, trainer.n_rounds)
-    n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
-    if acc.is_main_process:
-        resumed = f", after {trainer.n_rounds} generation batches" if trainer.n_rounds else ""
-        print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {acc.device} x "
-              f"{acc.num_processes} ({acc.distributed_type.value}): generation batches of "
-              f"{args.batch_size} completions ({args.num_generations} per prompt), filter "
-              f"{args.filter_method}, target {args.target} on {args.target_data} -> "
-              f"{run_dir}{resumed}", flush=True)
-    try:
-        # Stage III (Alg. 1) runs inside: TRL's GRPO steps, num_iterations passes per filtered batch
-        trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
-        trainer.write_row(last=True)
-        trainer.save_model(os.path.join(run_dir, "policy"))  # the adapter only, with LoRA
-    finally:  # also on Ctrl-C: every finished generation batch is in metrics.csv
-        if trainer.writer is not None:
-            trainer.writer[1].close()
-    return trainer
+def write_row(trainer, last=False):
+    """One metrics.csv row per generation batch, once its update (Stage III) is over; the test
+    toxicity after every --eval-every-th update and after the last, measured by every process"""
+    if trainer.row is None:
+        return
+    r = trainer.row
+    args = trainer.iif_args
+    r["t_optim"] = timer() - trainer.t_stage2_end
+    r["eval_toxicity"] = ""
+    r["t_eval"] = 0.0
+    if trainer.evaluation and ((r["round"] + 1) % args.eval_every == 0 or last):
+        t0 = timer()
+        r["eval_toxicity"] = test_toxicity(trainer)
+        r["t_eval"] = timer() - t0
+    if trainer.writer is not None:
+        trainer.writer[0].writerow(r)
+        trainer.writer[1].flush()
+        tox = f" toxicity {r['eval_toxicity']:.3f}" if r["eval_toxicity"] != "" else ""
+        print(f"generation batch {r['round']} reward {r['reward_mean']:.3f} | kept "
+              f"{r['n_kept']}/{r['completions']}{tox} | s: generate {r['t_generate']:.1f} "
+              f"forward {r['t_forward']:.1f} influence {r['t_influence']:.1f} "
+              f"optim {r['t_optim']:.1f}", flush=True)
+    trainer.row = None
 
 
 if __name__ == "__main__":

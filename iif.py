@@ -11,7 +11,12 @@ most harmful records and runs the ordinary PPO update on the rest (Alg. 1).
 On an environment outside the paper, IIF filters only the rounds whose target gradient agrees
 across the buffer (--min-agreement 0.5): filtering every round, as the paper does, slowed or
 destabilised three of the four other environments we tried (docs/results.md).
+
+Read top to bottom: the config, the environment and the agent, the pieces of Alg. 1 in the order
+it uses them, and main, its loop; below a marked line, what a first reading may skip.
 """
+import collections
+import contextlib
 import csv
 import dataclasses
 import importlib.util
@@ -20,7 +25,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from typing import Literal, Optional
 
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")  # highway-env imports pygame
@@ -67,70 +71,33 @@ DEFAULTS = dict(total_timesteps=102_400, optimizer="adam", learning_rate=3e-4, f
 
 @dataclasses.dataclass
 class Args:
+    # The paper's settings (App. B.2). None: the env's preset (listed by --help), or DEFAULTS
     env_id: str = "Acrobot-v1"
-    """gymnasium id: a paper preset (FrozenLake-v1, MiniGrid-Empty-8x8-v0, Acrobot-v1, highway-v0,
-    highway-fast-v0, LunarLander-v3, BipedalWalker-v3) or any env with Box/Discrete spaces (which
-    filters only where the target agrees across the buffer: see --min-agreement)"""
-    seed: int = 1
-    """seed of torch, numpy, the environments and the filter"""
-    run_name: Optional[str] = None
-    """results go to <runs-dir>/<run-name>/ (default: env__method__seed__time)"""
-    runs_dir: str = "runs"
-    """parent folder of the run folders"""
-    save_rounds: bool = False
-    """also write <run>/rounds/round_KKKK.pt: theta(k) and the scored buffer B(k) of every round"""
-    threads: int = 1
-    """torch CPU threads (small networks run fastest and steadiest on one), and envpool's threads"""
-    env_backend: Literal["auto", "gymnasium", "envpool"] = "auto"
-    """environments of the rollouts and the test episodes: gymnasium (what the paper used), envpool
-    (batched C++ ports, checked against gymnasium in docs/backends.md) or auto: envpool where a
-    preset has a port and envpool is installed, gymnasium otherwise"""
-    resume: bool = False
-    """continue <runs-dir>/<run-name> from its last finished round (its checkpoint.pt) with the same
-    flags; the environments start fresh episodes. Without a checkpoint the run starts at round 0"""
-
-    # None: the env's value in PRESETS above (the paper's), or in DEFAULTS for any other env
+    """gymnasium id: a paper preset, or any env with Box/Discrete spaces (see --min-agreement)"""
     total_timesteps: Optional[int] = None
-    """environment steps of training, a multiple of num-steps x num-envs (None: the preset's, e.g.
-    102400 = 50 rounds on Acrobot)"""
+    """environment steps of training, a multiple of num-steps x num-envs (None: the preset's)"""
     optimizer: Optional[Literal["sgd", "adam"]] = None
-    """sgd or adam (None: the preset's: SGD, TracIn's setting, on the paper's envs except
-    BipedalWalker; Adam on other envs)"""
+    """sgd (TracIn's setting) or adam (None: the preset's)"""
     learning_rate: Optional[float] = None
-    """optimizer learning rate (None: the preset's: 5e-3 with SGD, 3e-4 with Adam)"""
+    """optimizer learning rate (None: the preset's)"""
     filter_p: Optional[float] = None
-    """fraction p in (0, 1] of the negative-influence records to drop each round (None: the
-    preset's, e.g. 0.5 on Acrobot)"""
+    """fraction p in (0, 1] of the negative-influence records dropped each round (None: preset's)"""
     eval_episodes: Optional[int] = None
-    """test episodes after every tested round (None: the preset's, e.g. 1000 on Acrobot)"""
-    eval_every: int = 1
-    """test after every N-th round only (rounds N-1, 2N-1, ...; the others get an empty test return)
-    """
-
+    """test episodes after every tested round (None: the preset's)"""
     filter_method: Literal[
         "influence", "random", "none", "adv-error", "adv-product", "td-weight"] = "influence"
-    """influence: IIF; random: drop as many records uniformly at random; none: standard PPO;
-    baselines of App. C.4 (for discrete observations) adv-error, adv-product: drop records whose
-    Monte-Carlo and GAE advantages disagree in sign; App. C.5 td-weight: sample minibatches by
-    TD-error rank"""
+    """influence: IIF; random: drop as many records at random; none: standard PPO; the baselines
+    adv-error, adv-product (App. C.4, for discrete observations) and td-weight (App. C.5)"""
     target: Literal["f_return", "f_action"] = "f_return"
     """target function the influence is measured on (Sec. 3.1)"""
     target_state: Optional[str] = None
-    """f_action's state: comma-separated observation values (one index for a Discrete observation)
-    """
+    """f_action's state: comma-separated observation values (an index for a Discrete observation)"""
     target_action: Optional[str] = None
     """f_action's action: an index, or comma-separated values for a Box action"""
     influence_mode: Literal["snapshot", "tracin"] = "snapshot"
-    """snapshot: score at theta(k) only (Sec. 5.1); tracin: also sum the score over every optimizer
-    step of the round (Sec. 3.1), saved in the --save-rounds files as influence_tracin"""
-
+    """snapshot: score at theta(k) (Sec. 5.1); tracin: also sum over the round's steps (Sec. 3.1)"""
     num_envs: int = 1
     """parallel environments collecting the buffer"""
-    async_envs: bool = False
-    """step the environments in subprocesses (pays off only for slow envs such as highway)"""
-    eval_envs: Optional[int] = None
-    """parallel environments for the test episodes (None: one per episode on envpool, 16 on
-    gymnasium)"""
     num_steps: int = 2048
     """steps per environment per round; the buffer holds num-steps x num-envs records"""
     minibatch_size: int = 64
@@ -147,59 +114,64 @@ class Args:
     """entropy bonus coefficient"""
     vf_coef: float = 0.5
     """value loss coefficient"""
-    target_kl: float = 0.0
-    """stop a round's update once a minibatch's approximate KL(pi_theta(k) || pi_theta) passes 1.5 x
-    this (SB3's early stop); 0 disables it (the paper, the released code and SB3's default)"""
 
-    # The released code's choices, which produced the paper's numbers (docs/results.md)
+    # The released code's choices where the paper is silent or differs (docs/method.md)
     max_grad_norm: float = 0.0
-    """global gradient-norm clip, 0 disables it (the released code: none, its clip line is
-    commented out; App. B.2 and SB3: 0.5)"""
+    """gradient-norm clip, 0: none (the released code; App. B.2 and SB3: 0.5)"""
     adv_norm: Literal["minibatch", "buffer", "none"] = "minibatch"
-    """how training normalises A_hat: minibatch: each minibatch by its own mean and std, after
-    filtering (the released code and SB3); buffer: once over the whole buffer, before filtering;
-    none: raw"""
+    """A_hat in training: normalised per minibatch after filtering (the released code, SB3), once
+    over the buffer before filtering, or raw"""
     target_adv: Literal["raw", "normalized"] = "raw"
-    """the A_hat weighting f_return: raw GAE estimates (the paper's definition and the released
-    code) or normalised over the buffer"""
+    """f_return's weights: raw GAE estimates A_hat (the paper, the released code), or normalised"""
     influence_loss: Literal["policy", "full"] = "policy"
-    """the per-record loss l_i inside the influence: policy: the clipped surrogate and entropy only
-    (the released code); full: the PPO loss the update minimises, value term included. They differ
-    only where policy and value share parameters (MiniGrid's CNN)"""
+    """l_i inside the influence: its policy terms (the released code), or the full PPO loss"""
     score_log_std: bool = True
-    """include a Gaussian policy's log-std in the influence (the released scorer hooked nn.Linear
-    layers only, which leaves it out)"""
-    influence_precond: Literal["none", "adam"] = "none"
-    """the step a record's gradient makes, inside the influence: none: the gradient itself (an SGD
-    step, the paper's and the released code's score); adam: the gradient divided by sqrt of Adam's
-    second-moment estimate, the step Adam takes (needs --optimizer adam)"""
-    min_agreement: Optional[float] = None
-    """filter a round only if f_return's gradient agrees across 8 consecutive slices of the
-    rollout's steps (mean cosine at least this); a round below it keeps every record (and random
-    drops none). -1: always filter, agreement not computed (None: the preset's: -1, the paper,
-    on the paper's envs; 0.5 on any other env)"""
+    """include a Gaussian policy's log-std in the influence (the released scorer left it out)"""
     filter_ties: Literal["keep", "drop"] = "keep"
-    """records tied with the score at the cut: keep: only records strictly below it are dropped
-    (the released code); drop: exactly floor(p x negatives) are dropped, ties broken by buffer
-    order"""
+    """records tied with the cut: keep them (the released code), or drop exactly floor(p x n_neg)"""
 
-    # filled in by resolve_args (not flags)
+    # Beyond the paper (off on its presets; docs/usage.md)
+    min_agreement: Optional[float] = None
+    """filter a round only if f_return's gradient agrees across 8 slices of B(k) (mean cosine at
+    least this); -1: always, as the paper (None: the preset's: -1 on its envs, 0.5 on others)"""
+    influence_precond: Literal["none", "adam"] = "none"
+    """score a record's gradient (an SGD step, the paper's), or the step Adam takes (needs adam)"""
+    target_kl: float = 0.0
+    """SB3's early stop: end a round's update once a minibatch's KL(pi_theta(k) || pi_theta) passes
+    1.5 x this; 0: off (the paper, the released code)"""
+
+    # Run options
+    seed: int = 1
+    """seed of torch, numpy, the environments and the filter"""
+    run_name: Optional[str] = None
+    """results go to <runs-dir>/<run-name>/ (default: env__method__seed__time)"""
+    runs_dir: str = "runs"
+    """parent folder of the run folders"""
+    save_rounds: bool = False
+    """also write <run>/rounds/round_KKKK.pt: theta(k) and the scored buffer B(k) of every round"""
+    resume: bool = False
+    """continue <runs-dir>/<run-name> after its last finished round (checkpoint.pt), same flags"""
+    eval_every: int = 1
+    """test after every N-th round only (rounds N-1, 2N-1, ...; the others leave the test empty)"""
+    threads: int = 1
+    """torch CPU threads (small networks run fastest on one), and envpool's threads"""
+    env_backend: Literal["auto", "gymnasium", "envpool"] = "auto"
+    """gymnasium (the paper's), envpool (C++ ports, iif_envpool.py) or auto: envpool where ported"""
+    async_envs: bool = False
+    """step the environments in subprocesses (pays off only for slow envs such as highway)"""
+    eval_envs: Optional[int] = None
+    """parallel test environments (None: one per episode on envpool, 16 on gymnasium)"""
+
+    # filled in by resolve_args (not flags): num-steps x num-envs, total-timesteps / batch-size,
+    # the preset's gym.make keyword arguments, f_action's state and action as vectors
     batch_size: tyro.conf.Suppress[int] = 0
-    """records per buffer: num-steps x num-envs"""
     num_rounds: tyro.conf.Suppress[int] = 0
-    """rounds of training: total-timesteps / batch-size"""
     env_kwargs: tyro.conf.Suppress[dict] = dataclasses.field(default_factory=dict)
-    """the preset's gym.make keyword arguments"""
     target_obs: tyro.conf.Suppress[Optional[list]] = None
-    """f_action's state as an observation vector"""
     target_act: tyro.conf.Suppress[Optional[list]] = None
-    """f_action's action"""
 
 
-def fail(msg):
-    raise SystemExit(f"iif.py: error: {msg}")
-
-
+# ---- The environment and the agent (App. B.2) ----
 def make_env(env_id, env_kwargs):
     """A thunk building one env whose observation is a flat float vector or an (H, W, C) image."""
 
@@ -227,7 +199,8 @@ def make_env(env_id, env_kwargs):
 
 
 def make_vec(args, n):
-    if args.env_backend == "envpool":
+    if args.env_backend == "envpool":  # batched C++ ports, in the optional iif_envpool.py
+        from iif_envpool import EnvpoolVec
         kwargs = PRESETS.get(args.env_id, {}).get("envpool", {})
         return EnvpoolVec(args.env_id, kwargs, n, args.threads)
     env_fns = [make_env(args.env_id, args.env_kwargs) for _ in range(n)]
@@ -298,6 +271,60 @@ class Agent(nn.Module):
         return self.critic(self.features(obs)).squeeze(-1)
 
 
+def env_action(agent, action, act_space):
+    if agent.continuous:
+        return np.clip(action.numpy(), act_space.low, act_space.high)
+    return action.numpy()
+
+
+# ---- Stage I of Alg. 1: the rollout buffer B(k) and its advantages (Sec. 2.1) ----
+def collect_rollout(agent, envs, next_obs, ep_ret, args):
+    """num-steps steps of every env with the policy at theta(k); then log pi(a|s), V(s) and the GAE
+    advantages of the records. Returns B(k), one record per row (record t * num_envs + e is step t
+    of env e), the next observation, and the mean return of the episodes that ended (nan if none);
+    ep_ret carries the returns of the episodes under way into the next round."""
+    T, N, act_space = args.num_steps, args.num_envs, envs.single_action_space
+    # numpy arrays of shape (steps, envs, ...): cheap per-step writes
+    obs = np.zeros((T, N) + envs.single_observation_space.shape, dtype=np.float32)
+    actions = np.zeros((T, N) + act_space.shape, dtype=np.float32 if agent.continuous else np.int64)
+    rewards = np.zeros((T, N), dtype=np.float32)
+    terminations, truncations = np.zeros((T, N), dtype=bool), np.zeros((T, N), dtype=bool)
+    train_returns, truncated = [], []
+    for step in range(T):
+        obs[step] = next_obs
+        action = agent.act(torch.as_tensor(next_obs, dtype=torch.float32))
+        actions[step] = action
+        next_obs, rewards[step], terminations[step], truncations[step], info = envs.step(
+            env_action(agent, action, act_space))
+        ep_ret += rewards[step]
+        for i in np.flatnonzero(terminations[step] | truncations[step]):
+            train_returns.append(ep_ret[i])
+            ep_ret[i] = 0.0
+            if truncations[step, i] and not terminations[step, i]:
+                truncated.append((step, i, info["final_obs"][i]))
+    r = dict(obs=obs, actions=actions, rewards=rewards,
+             terminations=terminations.astype(np.float32),
+             dones=(terminations | truncations).astype(np.float32))
+    r = {key: torch.from_numpy(v) for key, v in r.items()}
+    # log pi(a|s) and V(s) at theta(k) of all records in one batched pass
+    with torch.no_grad():
+        logprobs, _, values = agent(r["obs"].flatten(0, 1), r["actions"].flatten(0, 1))
+    r["logprobs"], r["values"] = logprobs.view(T, N), values.view(T, N)
+    # next_values[t]: V of the state after step t (of the final observation where an episode was
+    # truncated)
+    last_value = agent.value(torch.as_tensor(next_obs, dtype=torch.float32))
+    r["next_values"] = torch.cat([r["values"][1:], last_value[None]])
+    if truncated:
+        steps, env_ids, final_obs = zip(*truncated)
+        final_obs = torch.as_tensor(np.stack(final_obs), dtype=torch.float32)
+        r["next_values"][steps, env_ids] = agent.value(final_obs)
+    r["advantages"], r["returns"] = compute_gae(
+        r["rewards"], r["values"], r["next_values"], r["terminations"], r["dones"], args.gamma,
+        args.gae_lambda)
+    train_return = float(np.mean(train_returns)) if train_returns else float("nan")
+    return {key: v.flatten(0, 1) for key, v in r.items()}, next_obs, train_return
+
+
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
     """GAE over a (steps, envs) rollout. next_values[t] is V of the state after step t in the same
     episode: for a truncated episode the value of its final observation (bootstrapped, as SB3 does),
@@ -317,6 +344,7 @@ def normalize(x):
     return (x - x.mean()) / (x.std() + 1e-8)
 
 
+# ---- Stage II of Alg. 1: the target function, the influence of every record, the filter ----
 def ppo_losses(agent, b, idx, args, params=None, adv=None, vf_coef=None):
     """Per-record PPO loss l_i (Sec. 2.1); an optimizer step minimises its mean over a minibatch.
     params: parameter tensors to evaluate the agent at (for torch.func), by default its own;
@@ -335,10 +363,20 @@ def ppo_losses(agent, b, idx, args, params=None, adv=None, vf_coef=None):
     return pg_loss + vf_coef * v_loss - args.ent_coef * entropy
 
 
+def make_target(agent, b, args):
+    """The records and weights of the target function (Sec. 3.1): f_return: every record of B(k),
+    weighted by its A_hat (pi_ref = pi_theta(k)); f_action: the one chosen (s, a), weight 1."""
+    if args.target == "f_return":
+        a_hat = b["advantages"]  # the raw GAE estimates, before any normalisation
+        return b["obs"], b["actions"], a_hat if args.target_adv == "raw" else normalize(a_hat)
+    t_obs = torch.tensor(args.target_obs, dtype=torch.float32).reshape(1, *b["obs"].shape[1:])
+    if agent.continuous:
+        return t_obs, torch.tensor(args.target_act).reshape(1, -1), torch.ones(1)
+    return t_obs, torch.tensor([int(args.target_act[0])]), torch.ones(1)
+
+
 def target_fn(agent, params, t_obs, t_actions, t_weights):
-    """Target functions (Sec. 3.1) share one form, f(theta) = mean_j w_j log pi_theta(a_j | s_j):
-    f_return is it over the round's buffer with w = A_hat (pi_ref = pi_theta(k)); f_action over one
-    chosen (s, a) with w = 1."""
+    """Target functions (Sec. 3.1) share one form, f(theta) = mean_j w_j log pi_theta(a_j | s_j)."""
     logp, _, _ = functional_call(agent, params, (t_obs, t_actions), {"critic": False})
     return (logp * t_weights).mean()
 
@@ -349,6 +387,13 @@ def target_grad(agent, params, target):
     grads = torch.autograd.grad(target_fn(agent, params, *target), list(params.values()),
                                 allow_unused=True)
     return {k: g for k, g in zip(params, grads) if g is not None}
+
+
+def scoring_advantages(b, args):
+    """The A_hat of each record inside l_i when it is scored at theta(k). With --adv-norm minibatch,
+    the buffer's normalisation: the expected statistics of the minibatches the record will meet (the
+    released scorer used those of its first-epoch minibatch)."""
+    return normalize(b["advantages"]) if args.adv_norm == "minibatch" else b["advantages"]
 
 
 def influence(agent, b, idx, target, args, adv=None, precond=None):
@@ -379,42 +424,6 @@ def influence(agent, b, idx, target, args, adv=None, precond=None):
     return -dl
 
 
-def target_agreement(agent, target, n_slices=8):
-    """Mean cosine between the gradients of f over n_slices consecutive slices of the target's
-    records (B(k) in step order). Well above 0: the slices of the buffer point f the same way;
-    near 0: grad f is this buffer's noise, and the scores made with it rank records by noise."""
-    params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
-    grads = []
-    for part in torch.arange(len(target[0])).tensor_split(n_slices):
-        g = target_grad(agent, params, [x[part] for x in target])
-        grads.append(torch.cat([gi.flatten() for gi in g.values()]))
-    g = nn.functional.normalize(torch.stack(grads), dim=1)
-    return float(((g @ g.T).sum() - n_slices) / (n_slices * (n_slices - 1)))
-
-
-def adam_precond(agent, optimizer):
-    """--influence-precond adam: Adam moves theta by -lr m_hat / (sqrt(v_hat) + eps), so to first
-    order a record's gradient g_i moves it along P g_i with P = 1 / (sqrt(v_hat) + eps), v_hat
-    Adam's bias-corrected second moment (as LESS scores data for Adam). None before Adam's first
-    step (round 0 then scores with the plain gradient, P = 1)."""
-    beta2, eps = optimizer.param_groups[0]["betas"][1], optimizer.param_groups[0]["eps"]
-    precond = {}
-    for name, p in agent.named_parameters():
-        state = optimizer.state.get(p)
-        if not state:
-            return None
-        v_hat = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
-        precond[name] = 1.0 / (v_hat.sqrt() + eps)
-    return precond
-
-
-def scoring_advantages(b, args):
-    """The A_hat of each record inside l_i when it is scored at theta(k). With --adv-norm minibatch,
-    the buffer's normalisation: the expected statistics of the minibatches the record will meet (the
-    released scorer used those of its first-epoch minibatch)."""
-    return normalize(b["advantages"]) if args.adv_norm == "minibatch" else b["advantages"]
-
-
 def filter_records(scores, method, p, gen, ties="drop"):
     """Stage II of Alg. 1: returns (kept mask, n_negative). 'influence' drops floor(p x n_negative)
     records, most negative first, ties broken by buffer order (a buffer with no negative record is
@@ -434,28 +443,25 @@ def filter_records(scores, method, p, gen, ties="drop"):
     return kept, n_neg
 
 
-@torch.no_grad()
-def approx_kl(agent, b, idx):
-    """KL(pi_theta(k) || pi_theta) estimated on records idx, whose actions pi_theta(k) sampled:
-    the mean of (r - 1) - log r, r = pi_theta(a|s) / pi_theta(k)(a|s) (unbiased, never negative)."""
-    logratio = agent(b["obs"][idx], b["actions"][idx], critic=False)[0] - b["logprobs"][idx]
-    return float((logratio.exp() - 1 - logratio).mean())
+# ---- Stage III of Alg. 1: the ordinary PPO update on the kept records ----
+def make_optimizer(agent, args):
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(agent.parameters(), lr=args.learning_rate)
+    return torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)  # SB3's eps
 
 
 def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=None):
-    """Stage III of Alg. 1: the usual PPO epochs, over the kept records only. Minibatches keep their
-    size; when it does not divide the kept count, each epoch's (reshuffled) remainder is skipped, as
-    in the authors' code, so a filtered round takes fewer optimizer steps. With a target, also
-    returns the TracIn influence of Sec. 3.1, summed over every step whose minibatch holds the
-    record. Each step's scores are weighted by the factor clipping scaled that step by, so they add
-    up as the steps do. With sample_p (App. C.5), each epoch draws its records with these
-    probabilities, with replacement. --adv-norm minibatch normalises each minibatch's advantages
-    here, after filtering."""
+    """The usual PPO epochs, over the kept records only. Minibatches keep their size; when it does
+    not divide the kept count, each epoch's (reshuffled) remainder is skipped, as in the authors'
+    code, so a filtered round takes fewer optimizer steps. --adv-norm minibatch normalises each
+    minibatch's advantages here, after filtering. Returns the optimizer steps taken and, with a
+    target, the TracIn influence of Sec. 3.1, summed over every step whose minibatch holds the
+    record, each step's scores weighted by the factor clipping scaled that step by, so they add up
+    as the steps do. With sample_p (App. C.5), each epoch draws its records with these
+    probabilities, with replacement."""
     mbs = args.minibatch_size
-    tracin = None
-    if target is not None:
-        tracin = torch.zeros(len(b["advantages"]), dtype=b["advantages"].dtype)
-    n_updates, t_tracin = 0, 0.0
+    tracin = None if target is None else torch.zeros_like(b["advantages"])
+    n_updates = 0
     for epoch in range(args.update_epochs):
         if sample_p is None:
             order = rng.permutation(len(kept_idx))
@@ -465,21 +471,19 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
         for start in range(0, len(perm) - mbs + 1, mbs):
             mb_inds = perm[start:start + mbs]
             if args.target_kl > 0 and approx_kl(agent, b, mb_inds) > 1.5 * args.target_kl:
-                return n_updates, tracin, t_tracin  # the policy left the trust region of theta(k)
+                return n_updates, tracin  # the policy left the trust region of theta(k)
             mb_adv = b["advantages"][mb_inds]
             if args.adv_norm == "minibatch":
                 mb_adv = normalize(mb_adv)
-            if tracin is not None:
-                t0 = time.perf_counter()
-                precond = None
-                if args.influence_precond == "adam":
-                    precond = adam_precond(agent, optimizer)
-                step_scores = influence(agent, b, mb_inds, target, args, mb_adv, precond)
-                t_tracin += time.perf_counter() - t0
+            if tracin is not None:  # this step's influence at its theta, timed as influence
+                with timed("t_influence", inside="t_optim"):
+                    step_scores = influence(agent, b, mb_inds, target, args, mb_adv,
+                                            step_precond(agent, optimizer, args))
             loss = ppo_losses(agent, b, mb_inds, args, adv=mb_adv).mean()
             if not torch.isfinite(loss):
                 raise FloatingPointError(
-                    f"non-finite PPO loss ({loss.item()}) at epoch {epoch}, step {n_updates}")
+                    f"non-finite PPO loss ({loss.item()}) at epoch {epoch}, step {n_updates}; "
+                    "lower --learning-rate, or clip gradients with --max-grad-norm")
             optimizer.zero_grad()
             loss.backward()
             if args.max_grad_norm > 0:
@@ -491,10 +495,173 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
                 tracin.index_add_(0, mb_inds, scale * step_scores)
             optimizer.step()
             n_updates += 1
-    return n_updates, tracin, t_tracin
+    return n_updates, tracin
+
+
+def evaluate(agent, envs, n_episodes, seed):
+    """Test return (App. B.2): mean and std of the undiscounted return of the stochastic policy over
+    n_episodes, split evenly across the envs so that short episodes are not over-counted. envpool
+    steps only the environments that still owe an episode; gymnasium steps them all."""
+    n = envs.num_envs
+    quota = np.array([n_episodes // n + (i < n_episodes % n) for i in range(n)])
+    done_count, ep_ret, returns = np.zeros(n, dtype=int), np.zeros(n), []
+    obs, _ = envs.reset(seed=seed)
+    subset = not isinstance(envs, gym.vector.VectorEnv)  # envpool's can step only some envs
+    while (done_count < quota).any():
+        live = np.flatnonzero(done_count < quota) if subset else np.arange(n)
+        action = agent.act(torch.as_tensor(obs[live], dtype=torch.float32))
+        action = env_action(agent, action, envs.single_action_space)
+        if subset:
+            obs[live], reward, term, trunc, _ = envs.step(action, live)
+        else:
+            obs, reward, term, trunc, _ = envs.step(action)
+        ep_ret[live] += reward
+        for i in live[term | trunc]:
+            if done_count[i] < quota[i]:
+                returns.append(ep_ret[i])
+                done_count[i] += 1
+            ep_ret[i] = 0.0
+    return float(np.mean(returns)), float(np.std(returns))
+
+
+# ---- The loop of Alg. 1 ----
+def main(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)  # minibatch shuffling
+    gen = torch.Generator().manual_seed(args.seed)  # random filtering
+    envs = make_vec(args, args.num_envs)
+    eval_envs = make_vec(args, min(args.eval_envs, args.eval_episodes))
+    agent = Agent(envs.single_observation_space, envs.single_action_space)
+    optimizer = make_optimizer(agent, args)
+    run = Run(args, agent, optimizer, rng, gen)  # the run folder; --resume restores its last round
+    next_obs, _ = envs.reset(seed=args.seed + 100_000 * run.start)  # a resumed run: new episodes
+    ep_ret = np.zeros(args.num_envs)  # the returns of the episodes under way
+    all_records = torch.arange(args.batch_size)
+    try:
+        for k in range(run.start, args.num_rounds):
+            seconds.clear()  # the round's t_* columns
+            # Stage I (Alg. 1): collect the rollout buffer B(k) with the policy at theta(k)
+            with timed("t_rollout"):
+                b, next_obs, train_return = collect_rollout(agent, envs, next_obs, ep_ret, args)
+
+            # Stage II (Alg. 1): score every record at theta(k) (Sec. 5.1), filter the bottom ones
+            with timed("t_influence"):
+                target = make_target(agent, b, args)
+                if args.adv_norm == "buffer":  # once over B(k): scoring and training see one A_hat
+                    b["advantages"] = normalize(b["advantages"])
+                precond = step_precond(agent, optimizer, args)
+                scores = influence(agent, b, all_records, target, args, scoring_advantages(b, args),
+                                   precond)
+                if not torch.isfinite(scores).all():
+                    raise FloatingPointError("non-finite influence scores; lower --learning-rate")
+                agreement, p = agreement_guard(agent, target, args)  # --min-agreement
+                kept, n_negative = filter_records(scores, args.filter_method, p, gen,
+                                                  args.filter_ties)
+                kept, sample_p = baseline_filter(b, kept, args)  # App. C replaces the filter
+
+            # Stage III (Alg. 1): the ordinary PPO update on the kept records
+            theta_k = {key: v.clone() for key, v in agent.state_dict().items()}  # --save-rounds
+            with timed("t_optim"):
+                n_updates, tracin = ppo_update(
+                    agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng,
+                    target if args.influence_mode == "tracin" else None, sample_p)
+
+            # test the policy at theta(k+1) (App. B.2); the rounds not tested leave it empty
+            with timed("t_eval"):
+                test = (None, None)
+                if (k + 1) % args.eval_every == 0:
+                    test = evaluate(agent, eval_envs, args.eval_episodes, args.seed + 10_000)
+
+            row = dict(round=k, global_step=(k + 1) * args.batch_size, train_return=train_return,
+                       test_return_mean=test[0], test_return_std=test[1],
+                       n_records=args.batch_size, n_kept=int(kept.sum()),
+                       n_dropped=int((~kept).sum()), n_negative=n_negative, agreement=agreement,
+                       n_updates=n_updates, kl=approx_kl(agent, b, all_records), **seconds)
+            run.end_round(row, dict(b, round=k, global_step=row["global_step"], state_dict=theta_k,
+                                    influence=scores, kept=kept, influence_tracin=tracin,
+                                    target=args.target))
+    except FloatingPointError as e:
+        fail(f"round {k}: {e}")
+    run.finish(agent)
+    envs.close()
+    eval_envs.close()
+
+
+# =================================================================================================
+# Everything Alg. 1 needs stands above. Below, what a first reading may skip: options beyond the
+# paper, the baselines of App. C, and the plumbing (flag checks; the run folder with metrics.csv,
+# --save-rounds and --resume). The envpool backend is in iif_envpool.py.
+# =================================================================================================
+
+
+# ---- Options beyond the paper: --min-agreement, --influence-precond adam, --target-kl ----
+def target_agreement(agent, target, n_slices=8):
+    """Mean cosine between the gradients of f over n_slices consecutive slices of the target's
+    records (B(k) in step order). Well above 0: the slices of the buffer point f the same way;
+    near 0: grad f is this buffer's noise, and the scores made with it rank records by noise."""
+    params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
+    grads = []
+    for part in torch.arange(len(target[0])).tensor_split(n_slices):
+        g = target_grad(agent, params, [x[part] for x in target])
+        grads.append(torch.cat([gi.flatten() for gi in g.values()]))
+    g = nn.functional.normalize(torch.stack(grads), dim=1)
+    return float(((g @ g.T).sum() - n_slices) / (n_slices * (n_slices - 1)))
+
+
+def agreement_guard(agent, target, args):
+    """--min-agreement: (f_return's agreement, None where not computed; this round's p, 0 where
+    grad f is noise)"""
+    if args.target != "f_return" or args.min_agreement <= -1:
+        return None, args.filter_p
+    agreement = target_agreement(agent, target)
+    return agreement, args.filter_p if agreement >= args.min_agreement else 0.0
+
+
+def adam_precond(agent, optimizer):
+    """--influence-precond adam: Adam moves theta by -lr m_hat / (sqrt(v_hat) + eps), so to first
+    order a record's gradient g_i moves it along P g_i with P = 1 / (sqrt(v_hat) + eps), v_hat
+    Adam's bias-corrected second moment (as LESS scores data for Adam). None before Adam's first
+    step (round 0 then scores with the plain gradient, P = 1)."""
+    beta2, eps = optimizer.param_groups[0]["betas"][1], optimizer.param_groups[0]["eps"]
+    precond = {}
+    for name, p in agent.named_parameters():
+        state = optimizer.state.get(p)
+        if not state:
+            return None
+        v_hat = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
+        precond[name] = 1.0 / (v_hat.sqrt() + eps)
+    return precond
+
+
+def step_precond(agent, optimizer, args):
+    return adam_precond(agent, optimizer) if args.influence_precond == "adam" else None
+
+
+@torch.no_grad()
+def approx_kl(agent, b, idx):
+    """KL(pi_theta(k) || pi_theta) estimated on records idx, whose actions pi_theta(k) sampled:
+    the mean of (r - 1) - log r, r = pi_theta(a|s) / pi_theta(k)(a|s) (unbiased, never negative)."""
+    logratio = agent(b["obs"][idx], b["actions"][idx], critic=False)[0] - b["logprobs"][idx]
+    return float((logratio.exp() - 1 - logratio).mean())
 
 
 # ---- Baselines of App. C.4 and C.5, which IIF is compared with (IIF needs none of this) ----
+def baseline_filter(b, kept, args):
+    """--filter-method adv-error, adv-product (App. C.4): their kept mask replaces the filter's;
+    td-weight (App. C.5): minibatch sampling probabilities. Returns (kept, sample_p)."""
+    if args.filter_method in ("adv-error", "adv-product"):
+        T, N = args.num_steps, args.num_envs
+        keys = np.array([o.tobytes() for o in b["obs"].numpy().reshape(T * N, -1)]).reshape(T, N)
+        a_mc = mc_advantage(keys, b["actions"].numpy().reshape(T, N, -1)[..., 0],
+                            b["rewards"].numpy().reshape(T, N), b["dones"].numpy().reshape(T, N),
+                            args.gamma)
+        a_hat = (b["returns"] - b["values"]).double()  # the GAE estimate before normalising
+        return advantage_filter(torch.from_numpy(a_mc.reshape(-1)), a_hat, args.filter_method,
+                                args.filter_p), None
+    if args.filter_method == "td-weight":
+        return kept, td_sampling_probs(b, args.gamma)
+    return kept, None
 
 
 def mc_advantage(states, actions, rewards, dones, gamma):
@@ -544,115 +711,14 @@ def td_sampling_probs(b, gamma, alpha=0.6):
     return (w / w.sum()).numpy()
 
 
-def make_optimizer(agent, args):
-    if args.optimizer == "sgd":
-        return torch.optim.SGD(agent.parameters(), lr=args.learning_rate)
-    return torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)  # SB3's eps
-
-
-def env_action(agent, action, act_space):
-    if agent.continuous:
-        return np.clip(action.numpy(), act_space.low, act_space.high)
-    return action.numpy()
-
-
-def evaluate(agent, envs, n_episodes, seed):
-    """Test return (App. B.2): mean and std of the undiscounted return of the stochastic policy over
-    n_episodes, split evenly across the envs so that short episodes are not over-counted. envpool
-    steps only the environments that still owe an episode; gymnasium steps them all."""
-    n = envs.num_envs
-    quota = np.array([n_episodes // n + (i < n_episodes % n) for i in range(n)])
-    done_count, ep_ret, returns = np.zeros(n, dtype=int), np.zeros(n), []
-    obs, _ = envs.reset(seed=seed)
-    subset = isinstance(envs, EnvpoolVec)  # envpool can step only some of its environments
-    while (done_count < quota).any():
-        live = np.flatnonzero(done_count < quota) if subset else np.arange(n)
-        action = agent.act(torch.as_tensor(obs[live], dtype=torch.float32))
-        action = env_action(agent, action, envs.single_action_space)
-        if subset:
-            obs[live], reward, term, trunc, _ = envs.step(action, live)
-        else:
-            obs, reward, term, trunc, _ = envs.step(action)
-        ep_ret[live] += reward
-        for i in live[term | trunc]:
-            if done_count[i] < quota[i]:
-                returns.append(ep_ret[i])
-                done_count[i] += 1
-            ep_ret[i] = 0.0
-    return float(np.mean(returns)), float(np.std(returns))
-
-
-# ---- Plumbing: the envpool backend, flag checks and checkpoints ----
-
-
-class EnvpoolVec:
-    """envpool's batched C++ environments behind the gymnasium vector API used here. envpool resets
-    a finished environment on its *next* step, which ignores the action and returns reward 0 and the
-    first observation: a record that is no transition. This wrapper resets it at once instead, as
-    gymnasium's SAME_STEP mode does, so both backends give the buffer the same records.
-    reset(seed=s) rebuilds the pool (envpool fixes seeds at creation): environment i then runs on
-    seed s + i, as on gymnasium."""
-
-    def __init__(self, env_id, kwargs, num_envs, threads):
-        self.env_id, self.kwargs, self.num_envs, self.threads = env_id, kwargs, num_envs, threads
-        self.pool = self.make(0)
-        space, self.single_action_space = self.pool.observation_space, self.pool.action_space
-        # MiniGrid: keep the (7, 7, 3) view, as ImgObsWrapper does
-        self.image = isinstance(space, gym.spaces.Dict)
-        space = space["image"] if self.image else space
-        if len(space.shape) == 2:  # highway's (vehicles, features), flattened as on gymnasium
-            space = gym.spaces.Box(-np.inf, np.inf, (int(np.prod(space.shape)),), np.float32)
-        self.single_observation_space = space
-
-    def make(self, seed):
-        import envpool
-        pool = envpool.make(self.env_id, env_type="gymnasium", num_envs=self.num_envs, seed=seed,
-                            num_threads=self.threads, **self.kwargs)
-        # its spaces have float64 bounds, which gymnasium warns it casts
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            pool.observation_space, pool.action_space  # built on first use, then kept
-        return pool
-
-    def obs(self, o):
-        o = o["image"] if self.image else o
-        return o.reshape(len(o), *self.single_observation_space.shape)
-
-    def reset(self, seed=None):
-        if seed is not None:
-            self.pool = self.make(seed)
-        o, info = self.pool.reset()
-        return self.obs(o), info
-
-    def step(self, action, env_id=None):
-        """Step all environments, or only those in env_id (the returned arrays follow env_id's
-        order)."""
-        ids = np.arange(self.num_envs) if env_id is None else env_id
-        ids = np.asarray(ids, dtype=np.int32)
-        o, reward, term, trunc, info = self.pool.step(action, ids)
-        o = self.obs(o)
-        done = term | trunc
-        # the final observation goes to info, the next episode's first one to the caller
-        if done.any():
-            info["final_obs"] = o.copy()
-            o[done] = self.obs(self.pool.reset(ids[done])[0])
-        return o, reward, term, trunc, info
-
-    def close(self):
-        self.pool.close()
-
-
-def parse_values(flag, text):
-    try:
-        return [float(v) for v in text.split(",")]
-    except ValueError:
-        fail(f"{flag} takes comma-separated numbers, got {text!r}")
+# ---- Plumbing: the flags ----
+def fail(msg):
+    raise SystemExit(f"iif.py: error: {msg}")
 
 
 def resolve_args(args):
-    """Fill preset values, check every flag and the env's spaces; fail early with the flag's name.
-    """
-    from gymnasium.error import Error as GymError
+    """Fill in the env's preset and the sizes, and check every flag and the env's spaces: bad input
+    stops here, before anything is written, with the flag's name."""
     preset = PRESETS.get(args.env_id, DEFAULTS)
     for key in ("total_timesteps", "optimizer", "learning_rate", "filter_p", "eval_episodes"):
         if getattr(args, key) is None:
@@ -685,14 +751,26 @@ def resolve_args(args):
         fail(f"--min-agreement is a cosine in [-1, 1], got {args.min_agreement}")
     if args.influence_mode == "tracin" and not args.save_rounds:
         fail("--influence-mode tracin writes its scores into the round files: add --save-rounds")
-    has_envpool = importlib.util.find_spec("envpool") is not None
+    choose_backend(args)
+    check_env(args)
+    if args.run_name is None:
+        if args.resume:
+            fail("--resume needs the --run-name of the run to continue")
+        args.run_name = f"{args.env_id}__{args.filter_method}__{args.seed}__{int(time.time())}"
+    return args
+
+
+def choose_backend(args):
+    """envpool needs its package, iif_envpool.py beside iif.py and a port of the env with the
+    preset's settings; auto takes it where a preset has one"""
+    has_envpool = all(importlib.util.find_spec(m) for m in ("envpool", "iif_envpool"))
     ported = "envpool" in PRESETS.get(args.env_id, {})
     if args.env_backend == "auto":
         args.env_backend = "envpool" if ported and has_envpool else "gymnasium"
     elif args.env_backend == "envpool":
         if not has_envpool:
-            fail("--env-backend envpool needs the envpool package (pip install envpool), "
-                 "or use gymnasium")
+            fail("--env-backend envpool needs the envpool package (pip install envpool) and "
+                 "iif_envpool.py beside iif.py, or use gymnasium")
         import envpool
         if (args.env_id in PRESETS and not ported) or args.env_id not in envpool.list_all_envs():
             with_port = ", ".join(k for k, v in PRESETS.items() if "envpool" in v)
@@ -702,6 +780,11 @@ def resolve_args(args):
         args.eval_envs = args.eval_episodes if args.env_backend == "envpool" else 16
     if args.eval_envs < 1:
         fail(f"--eval-envs must be at least 1, got {args.eval_envs}")
+
+
+def check_env(args):
+    """One env of --env-id: its spaces must suit the agent, f_action's state and action them."""
+    from gymnasium.error import Error as GymError
     try:
         if args.env_backend == "envpool":
             env = make_vec(args, 1)
@@ -718,11 +801,10 @@ def resolve_args(args):
     if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
         fail(f"--env-id {args.env_id}: observation space {obs_space} is not supported "
              "(Discrete, or a Box of 1 to 3 dimensions)")
-    if not (isinstance(act_space, gym.spaces.Discrete) or
-            (isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1)):
+    discrete = isinstance(act_space, gym.spaces.Discrete)
+    if not (discrete or (isinstance(act_space, gym.spaces.Box) and len(act_space.shape) == 1)):
         fail(f"--env-id {args.env_id}: action space {act_space} is not supported "
              "(Discrete, or a 1-D Box)")
-    discrete = isinstance(act_space, gym.spaces.Discrete)
     if args.filter_method in ("adv-error", "adv-product") and not discrete:
         fail(f"--filter-method {args.filter_method} needs a Discrete action space (App. C.4)")
     if args.target == "f_action":
@@ -735,18 +817,30 @@ def resolve_args(args):
             fail(f"--target-state has {len(s)} values; an observation of shape {obs_space.shape} "
                  f"needs {int(np.prod(obs_space.shape))}")
         a = parse_values("--target-action", args.target_action)
-        n_act = act_space.shape[0] if isinstance(act_space, gym.spaces.Box) else 1
-        is_action = isinstance(act_space, gym.spaces.Box) or 0 <= a[0] < act_space.n
-        if len(a) != n_act or not is_action:
+        if len(a) != (1 if discrete else act_space.shape[0]) or (
+                discrete and not 0 <= a[0] < act_space.n):
             fail(f"--target-action {args.target_action!r} is not an action of {act_space}")
         args.target_obs, args.target_act = s, a
-    if args.run_name is None:
-        if args.resume:
-            fail("--resume needs the --run-name of the run to continue")
-        args.run_name = f"{args.env_id}__{args.filter_method}__{args.seed}__{int(time.time())}"
-    return args
 
 
+def parse_values(flag, text):
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        fail(f"{flag} takes comma-separated numbers, got {text!r}")
+
+
+def presets_help():
+    """--help's opening: the values each preset gives the flags left at None"""
+    presets = {**PRESETS, "other envs": DEFAULTS}
+    lines = [f"- {env}: {p['total_timesteps']} steps, {p['optimizer']} lr {p['learning_rate']}, "
+             f"p {p['filter_p']}, {p['eval_episodes']} test episodes, min-agreement "
+             f"{p.get('min_agreement', -1)}" for env, p in presets.items()]
+    head = [__doc__.split("\n")[0], "", "Presets (App. B.1-B.2) of the flags left at None:"]
+    return "\n".join(head + lines)
+
+
+# ---- Plumbing: the run folder (config.json, metrics.csv, round files, --resume) and timing ----
 METRICS = ["round", "global_step", "train_return", "test_return_mean", "test_return_std",
            "n_records", "n_kept", "n_dropped", "n_negative", "agreement", "n_updates", "kl",
            "t_rollout", "t_influence", "t_optim", "t_eval"]
@@ -759,6 +853,68 @@ NOT_COMPARED = ("resume", "threads", "runs_dir", "batch_size", "num_rounds", "en
 
 # flags newer than some saved runs: a config.json without them was made with them off
 ADDED_FLAGS = dict(min_agreement=-1.0, influence_precond="none", target_kl=0.0, score_log_std=True)
+
+
+class Run:
+    """<runs-dir>/<run-name>/: config.json, metrics.csv (a row per round), rounds/round_KKKK.pt
+    (--save-rounds), checkpoint.pt (the state after the last finished round) and agent.pt."""
+
+    def __init__(self, args, agent, optimizer, rng, gen):
+        """Write config.json and open metrics.csv; with --resume, restore the state after the last
+        finished round into the agent, the optimizer and the generators, and keep its rows."""
+        self.args, self.dir = args, os.path.join(args.runs_dir, args.run_name)
+        self.state = agent, optimizer, rng, gen
+        ckpt = load_checkpoint(self.dir, args)
+        os.makedirs(os.path.join(self.dir, "rounds") if args.save_rounds else self.dir,
+                    exist_ok=True)
+        with open(os.path.join(self.dir, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(args), f, indent=1)
+        self.start, rows = 0, []  # the first round to run
+        if ckpt is not None:
+            agent.load_state_dict(ckpt["agent"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            torch.set_rng_state(ckpt["torch_rng"])
+            rng.bit_generator.state = ckpt["numpy_rng"]
+            gen.set_state(ckpt["filter_rng"])
+            self.start = ckpt["round"] + 1
+            with open(os.path.join(self.dir, "metrics.csv")) as f:  # rows after it are redone
+                rows = [r for r in csv.DictReader(f) if int(r["round"]) < self.start]
+        self.file = open(os.path.join(self.dir, "metrics.csv"), "w", newline="")
+        self.writer = csv.DictWriter(self.file, fieldnames=METRICS)
+        self.writer.writeheader()
+        self.writer.writerows(rows)
+        self.file.flush()
+        print(f"{args.env_id} on {args.env_backend}: {args.num_rounds} rounds of {args.batch_size} "
+              f"records, filter {args.filter_method} p={args.filter_p}, {args.optimizer} "
+              f"lr={args.learning_rate}, {args.eval_episodes} test episodes every "
+              f"{args.eval_every} round(s) -> {self.dir}"
+              + (f" (resumed at round {self.start})" if self.start else ""))
+
+    def end_round(self, row, round_file):
+        """Write the round's row, its round file (--save-rounds), then the checkpoint (a run
+        killed before this redoes the round), and print its line."""
+        k, a, (agent, optimizer, rng, gen) = row["round"], self.args, self.state
+        self.writer.writerow(row)
+        self.file.flush()
+        if a.save_rounds:
+            torch.save(round_file, os.path.join(self.dir, "rounds", f"round_{k:04d}.pt"))
+        save_checkpoint(os.path.join(self.dir, "checkpoint.pt"), dict(
+            round=k, agent=agent.state_dict(), optimizer=optimizer.state_dict(),
+            torch_rng=torch.get_rng_state(), numpy_rng=rng.bit_generator.state,
+            filter_rng=gen.get_state()))
+        test = "-"
+        if row["test_return_mean"] is not None:
+            test = f"{row['test_return_mean']:.3f} +- {row['test_return_std']:.3f}"
+        agree = "" if row["agreement"] is None else f" agree {row['agreement']:+.2f}"
+        print(f"round {k} [{k + 1}/{a.num_rounds}] step {row['global_step']} "
+              f"| train {row['train_return']:.3f} test {test} "
+              f"| kept {row['n_kept']}/{a.batch_size} (neg {row['n_negative']}{agree}) "
+              f"| s: rollout {row['t_rollout']:.2f} influence {row['t_influence']:.2f} "
+              f"optim {row['t_optim']:.2f} eval {row['t_eval']:.2f}", flush=True)
+
+    def finish(self, agent):
+        torch.save(agent.state_dict(), os.path.join(self.dir, "agent.pt"))
+        self.file.close()
 
 
 def save_checkpoint(path, state):
@@ -786,192 +942,24 @@ def load_checkpoint(run_dir, args):
     return torch.load(path, weights_only=False)
 
 
-def main(args):
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    rng = np.random.default_rng(args.seed)  # minibatch shuffling
-    gen = torch.Generator().manual_seed(args.seed)  # random filtering
-    run_dir = os.path.join(args.runs_dir, args.run_name)
-    ckpt = load_checkpoint(run_dir, args)
-    os.makedirs(os.path.join(run_dir, "rounds") if args.save_rounds else run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(dataclasses.asdict(args), f, indent=1)
+seconds = collections.defaultdict(float)  # metrics.csv's t_* columns of the round under way
 
-    envs = make_vec(args, args.num_envs)
-    eval_envs = make_vec(args, min(args.eval_envs, args.eval_episodes))
-    obs_space, act_space = envs.single_observation_space, envs.single_action_space
-    agent = Agent(obs_space, act_space)
-    optimizer = make_optimizer(agent, args)
-    T, N = args.num_steps, args.num_envs
 
-    # --resume: continue after the checkpoint's round; the envs start fresh episodes
-    start, rows = 0, []
-    if ckpt is not None:
-        agent.load_state_dict(ckpt["agent"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        rng.bit_generator.state = ckpt["numpy_rng"]
-        gen.set_state(ckpt["filter_rng"])
-        start = ckpt["round"] + 1
-        # rows written after the checkpoint are redone
-        with open(os.path.join(run_dir, "metrics.csv")) as f:
-            rows = [r for r in csv.DictReader(f) if int(r["round"]) < start]
-    metrics_file = open(os.path.join(run_dir, "metrics.csv"), "w", newline="")
-    writer = csv.DictWriter(metrics_file, fieldnames=METRICS)
-    writer.writeheader()
-    writer.writerows(rows)
-    metrics_file.flush()
-    next_obs, _ = envs.reset(seed=args.seed if start == 0 else args.seed + 100_000 * start)
-    ep_ret = np.zeros(N)
-    if args.target == "f_action":  # Sec. 3.1: log pi of one chosen (s, a), the same every round
-        t_obs = torch.tensor(args.target_obs, dtype=torch.float32).reshape(1, *obs_space.shape)
-        if agent.continuous:
-            t_act = torch.tensor(args.target_act).reshape(1, -1)
-        else:
-            t_act = torch.tensor([int(args.target_act[0])])
-        action_target = (t_obs, t_act, torch.ones(1))
-    print(f"{args.env_id} on {args.env_backend}: {args.num_rounds} rounds of {args.batch_size} "
-          f"records, filter {args.filter_method} p={args.filter_p}, {args.optimizer} "
-          f"lr={args.learning_rate}, {args.eval_episodes} test episodes every {args.eval_every} "
-          f"round(s) -> {run_dir}" + (f" (resumed at round {start})" if start else ""))
-
-    for k in range(start, args.num_rounds):
-        # Stage I (Alg. 1): collect the rollout buffer B(k) with the policy at theta(k)
-        t0 = time.perf_counter()
-        # numpy arrays of shape (steps, envs, ...): cheap per-step writes
-        obs = np.zeros((T, N) + obs_space.shape, dtype=np.float32)
-        act_dtype = np.float32 if agent.continuous else np.int64
-        actions = np.zeros((T, N) + act_space.shape, dtype=act_dtype)
-        rewards = np.zeros((T, N), dtype=np.float32)
-        terminations = np.zeros((T, N), dtype=bool)
-        truncations = np.zeros((T, N), dtype=bool)
-        train_returns, truncated = [], []
-        for step in range(T):
-            obs[step] = next_obs
-            action = agent.act(torch.as_tensor(next_obs, dtype=torch.float32))
-            actions[step] = action
-            next_obs, rewards[step], terminations[step], truncations[step], info = envs.step(
-                env_action(agent, action, act_space))
-            ep_ret += rewards[step]
-            for i in np.flatnonzero(terminations[step] | truncations[step]):
-                train_returns.append(ep_ret[i])
-                ep_ret[i] = 0.0
-                if truncations[step, i] and not terminations[step, i]:
-                    truncated.append((step, i, info["final_obs"][i]))
-        rollout = dict(obs=obs, actions=actions, rewards=rewards,
-                       terminations=terminations.astype(np.float32),
-                       dones=(terminations | truncations).astype(np.float32))
-        rollout = {key: torch.from_numpy(v) for key, v in rollout.items()}
-        # log pi(a|s) and V(s) at theta(k) of all records in one batched pass
-        with torch.no_grad():
-            logprobs, _, values = agent(rollout["obs"].flatten(0, 1),
-                                        rollout["actions"].flatten(0, 1))
-        rollout["logprobs"] = logprobs.view(T, N)
-        rollout["values"] = values.view(T, N)
-        # next_values[t]: V of the state after step t (of the final observation where an episode
-        # was truncated)
-        last_value = agent.value(torch.as_tensor(next_obs, dtype=torch.float32))
-        rollout["next_values"] = torch.cat([rollout["values"][1:], last_value[None]])
-        if truncated:
-            steps, env_ids, final_obs = zip(*truncated)
-            final_obs = torch.as_tensor(np.stack(final_obs), dtype=torch.float32)
-            rollout["next_values"][steps, env_ids] = agent.value(final_obs)
-        rollout["advantages"], rollout["returns"] = compute_gae(
-            rollout["rewards"], rollout["values"], rollout["next_values"],
-            rollout["terminations"], rollout["dones"], args.gamma, args.gae_lambda)
-        # the buffer B(k): (steps, envs, ...) -> one record per row
-        b = {key: v.flatten(0, 1) for key, v in rollout.items()}
-        a_raw, a_norm = b["advantages"], normalize(b["advantages"])
-        if args.adv_norm == "buffer":  # once over the buffer: scoring and training see one A_hat
-            b["advantages"] = a_norm
-        t_rollout = time.perf_counter() - t0
-
-        # Stage II (Alg. 1): score every record at theta(k) (Sec. 5.1), filter the bottom records
-        t0 = time.perf_counter()
-        if args.target == "f_return":  # Sec. 3.1: log pi over B(k), weighted by A_hat
-            target = (b["obs"], b["actions"], a_raw if args.target_adv == "raw" else a_norm)
-        else:
-            target = action_target
-        all_records = torch.arange(args.batch_size)
-        precond = adam_precond(agent, optimizer) if args.influence_precond == "adam" else None
-        scores = influence(agent, b, all_records, target, args, scoring_advantages(b, args),
-                           precond)
-        if not torch.isfinite(scores).all():
-            fail(f"round {k}: non-finite influence scores; lower --learning-rate")
-        agreement, p = None, args.filter_p
-        if args.target == "f_return" and args.min_agreement > -1:  # is grad f signal or noise?
-            agreement = target_agreement(agent, target)
-            p = args.filter_p if agreement >= args.min_agreement else 0.0
-        kept, n_negative = filter_records(scores, args.filter_method, p, gen, args.filter_ties)
-        sample_p = None  # the baselines (App. C.4, C.5) replace the filter
-        if args.filter_method in ("adv-error", "adv-product"):
-            keys = np.array([o.tobytes() for o in obs.reshape(T * N, -1)]).reshape(T, N)
-            a_mc = mc_advantage(keys, actions.reshape(T, N, -1)[..., 0], rewards,
-                                terminations | truncations, args.gamma)
-            a_hat = (b["returns"] - b["values"]).double()  # the GAE estimate before normalising
-            kept = advantage_filter(torch.from_numpy(a_mc.reshape(-1)), a_hat, args.filter_method,
-                                    args.filter_p)
-        elif args.filter_method == "td-weight":
-            sample_p = td_sampling_probs(b, args.gamma)
-        t_influence = time.perf_counter() - t0
-
-        # Stage III (Alg. 1): the PPO update on the kept records
-        t0 = time.perf_counter()
-        theta_k = None
-        if args.save_rounds:
-            theta_k = {key: v.clone() for key, v in agent.state_dict().items()}
-        tracin_target = target if args.influence_mode == "tracin" else None
-        try:
-            n_updates, tracin, t_tracin = ppo_update(agent, optimizer, b, torch.nonzero(kept)[:, 0],
-                                                     args, rng, tracin_target, sample_p)
-        except FloatingPointError as e:
-            fail(f"round {k}: {e}; lower --learning-rate, or clip gradients with --max-grad-norm")
-        t_optim = time.perf_counter() - t0 - t_tracin
-        t_influence += t_tracin
-        kl = approx_kl(agent, b, all_records)  # how far the round moved the policy, on all of B(k)
-
-        # test the policy at theta(k+1) (App. B.2)
-        t0 = time.perf_counter()
-        test_mean = test_std = None  # an empty cell: not tested
-        if (k + 1) % args.eval_every == 0:
-            test_mean, test_std = evaluate(agent, eval_envs, args.eval_episodes, args.seed + 10_000)
-        t_eval = time.perf_counter() - t0
-
-        # log the round, save it, then checkpoint (a run killed before this redoes round k)
-        train_return = float(np.mean(train_returns)) if train_returns else float("nan")
-        row = dict(round=k, global_step=(k + 1) * args.batch_size, train_return=train_return,
-                   test_return_mean=test_mean, test_return_std=test_std,
-                   n_records=args.batch_size, n_kept=int(kept.sum()), n_dropped=int((~kept).sum()),
-                   n_negative=n_negative, agreement=agreement, n_updates=n_updates, kl=kl,
-                   t_rollout=t_rollout,
-                   t_influence=t_influence, t_optim=t_optim, t_eval=t_eval)
-        writer.writerow(row)
-        metrics_file.flush()
-        if args.save_rounds:
-            torch.save(dict(b, round=k, global_step=row["global_step"], state_dict=theta_k,
-                            influence=scores, kept=kept, influence_tracin=tracin,
-                            target=args.target),
-                       os.path.join(run_dir, "rounds", f"round_{k:04d}.pt"))
-        save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), dict(
-            round=k, agent=agent.state_dict(), optimizer=optimizer.state_dict(),
-            torch_rng=torch.get_rng_state(), numpy_rng=rng.bit_generator.state,
-            filter_rng=gen.get_state()))
-        test = "-" if test_mean is None else f"{test_mean:.3f} +- {test_std:.3f}"
-        agree = "" if agreement is None else f" agree {agreement:+.2f}"
-        print(f"round {k} [{k + 1}/{args.num_rounds}] step {row['global_step']} "
-              f"| train {train_return:.3f} test {test} "
-              f"| kept {row['n_kept']}/{args.batch_size} (neg {n_negative}{agree}) "
-              f"| s: rollout {t_rollout:.2f} influence {t_influence:.2f} optim {t_optim:.2f} "
-              f"eval {t_eval:.2f}", flush=True)
-    torch.save(agent.state_dict(), os.path.join(run_dir, "agent.pt"))
-    metrics_file.close()
-    envs.close()
-    eval_envs.close()
+@contextlib.contextmanager
+def timed(column, inside=None):
+    """Add the block's seconds to seconds[column], and take them off the column of the block it
+    runs inside (TracIn's scores, computed inside the update, count as influence only)."""
+    t0 = time.perf_counter()
+    yield
+    t = time.perf_counter() - t0
+    seconds[column] += t
+    if inside:
+        seconds[inside] -= t
 
 
 if __name__ == "__main__":
     torch.distributions.Distribution.set_default_validate_args(False)  # checks slow the rollout
-    args = resolve_args(tyro.cli(Args))
+    args = resolve_args(tyro.cli(Args, description=presets_help()))
     try:
         main(args)
     except KeyboardInterrupt:

@@ -38,7 +38,6 @@ import tyro
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-
 @dataclass
 class Args:
     model_name: str = "EleutherAI/gpt-neo-2.7B"
@@ -153,87 +152,7 @@ class Args:
     """label of --eval-reward-model that means toxic"""
 
 
-METRICS = ["round", "episodes", "reward_mean", "reward_std", "kl", "kl_coef", "n_kept",
-           "n_negative", "loss", "n_updates", "eval_toxicity", "t_generate", "t_forward",
-           "t_influence", "t_optim", "t_eval"]
-
-
-def fail(msg):
-    raise SystemExit(f"rlhf_iif.py: error: {msg}")
-
-
-def load(flag, name, loader, *a, **kw):
-    """Load a model, tokenizer or dataset; on any failure stop with the flag's name, before a file
-    is written"""
-    try:
-        return loader(name, *a, **kw)
-    except Exception as e:  # OSError, ValueError, hub and connection errors all end here
-        fail(f"{flag} {name!r} could not be loaded ({type(e).__name__}: "
-             f"{str(e).strip().splitlines()[0][:300]}). "
-             "Without network access, download it on another machine and pass its local path.")
-
-
-def load_rows(flag, name, split):
-    from datasets import load_dataset
-    if name.endswith((".json", ".jsonl")):
-        return load(flag, name, lambda path: load_dataset("json", data_files=path, split="train"))
-    return load(flag, name, load_dataset, split=split)
-
-
-def load_prompts(args, tokenizer):
-    """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt +
-    continuation text (as TRL's example does); split into training and held-out prompts."""
-    rows = load_rows("--dataset", args.dataset, "train")
-    if "prompt" not in rows.column_names:
-        fail(f"--dataset {args.dataset!r} has no 'prompt' column (columns: {rows.column_names})")
-    rng = np.random.default_rng(args.seed)
-    prompts = []
-    for row in rows:
-        p = row["prompt"]
-        c = row.get("continuation") or {}
-        if p.get("toxicity") is None or p["toxicity"] <= args.min_prompt_toxicity:
-            continue
-        ids = tokenizer(p["text"] + (c.get("text") or ""))["input_ids"]
-        n = int(rng.integers(args.prompt_min_tokens, args.prompt_max_tokens + 1))
-        if len(ids) >= n:
-            prompts.append(ids[:n])
-    order = rng.permutation(len(prompts))
-    n_held = int(args.held_out_fraction * len(prompts))
-    train = [prompts[i] for i in order[n_held:]]
-    held = [prompts[i] for i in order[:n_held]]
-    if len(train) < args.batch_size:
-        fail(f"--dataset {args.dataset!r} has {len(train)} training prompts with toxicity > "
-             f"{args.min_prompt_toxicity} and >= {args.prompt_min_tokens} tokens, fewer than "
-             f"--batch-size {args.batch_size}")
-    if args.target_data == "validation" and len(held) < args.validation_size:
-        fail(f"--validation-size {args.validation_size}: only {len(held)} held-out prompts "
-             f"(--held-out-fraction {args.held_out_fraction})")
-    return train, held[:args.validation_size]
-
-
-def load_eval_prompts(args, tokenizer):
-    rows = load_rows("--eval-dataset", args.eval_dataset, args.eval_split)
-    if not {"comment_text", "label"} <= set(rows.column_names):
-        fail(f"--eval-dataset {args.eval_dataset!r} needs 'comment_text' and 'label' columns "
-             f"(has {rows.column_names})")
-    texts = [r["comment_text"] for r in rows if r["label"] == 1][:args.eval_samples]
-    if not texts:
-        fail(f"--eval-dataset {args.eval_dataset!r} has no toxic (label 1) rows in split "
-             f"{args.eval_split!r}")
-    return [tokenizer(t)["input_ids"][-args.eval_max_prompt_tokens:] for t in texts]
-
-
-def load_classifier(flag, name, label_flag, label, device):
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    tok = load(flag, name, AutoTokenizer.from_pretrained)
-    model = load(flag, name, AutoModelForSequenceClassification.from_pretrained).to(device).eval()
-    labels = {v: int(k) for k, v in model.config.id2label.items()}
-    if label not in labels:
-        fail(f"{label_flag} {label!r} is not a label of {flag} {name!r}; its labels are "
-             f"{sorted(labels)}")
-    return model, tok, labels[label]
-
-
+# ---- The policy, generation and the reward (App. B.3) ----
 class Policy(nn.Module):
     """The causal LM with a value head on its last hidden state (TRL's
     AutoModelForCausalLMWithValueHead)."""
@@ -335,37 +254,7 @@ def continuations(tokenizer, b):
     return [tokenizer.decode(row[:int(m.sum())], skip_special_tokens=True) for row, m in rows]
 
 
-def compute_gae(rewards, values, mask, gamma, lam):
-    """GAE over the tokens of each continuation (Sec. 2.1); values and rewards past its end count
-    as 0"""
-    values = values * mask
-    rewards = rewards * mask
-    adv = torch.zeros_like(rewards)
-    lastgaelam = 0.0
-    T = rewards.shape[1]
-    for t in reversed(range(T)):
-        next_values = values[:, t + 1] if t < T - 1 else 0.0
-        delta = rewards[:, t] + gamma * next_values - values[:, t]
-        adv[:, t] = lastgaelam = delta + gamma * lam * lastgaelam
-    return adv, adv + values
-
-
-def whiten(x, mask):
-    """TRL's masked whitening: zero mean, unit (unbiased) variance over the real tokens of the
-    buffer"""
-    mean = (x * mask).sum() / mask.sum()
-    var = ((x - mean) ** 2 * mask).sum() / (mask.sum() - 1).clamp(min=1)
-    return (x - mean) * torch.rsqrt(var + 1e-8)
-
-
-def update_kl_coef(kl_coef, kl, n_episodes, args):
-    """Adaptive KL controller (Ziegler et al. 2019), as TRL's AdaptiveKLController"""
-    if not args.adaptive_kl:
-        return kl_coef
-    error = float(np.clip(kl / args.kl_target - 1, -0.2, 0.2))
-    return kl_coef * (1 + error * n_episodes / args.kl_horizon)
-
-
+# ---- Stage I of Alg. 1: the buffer B(k), KL-shaped rewards and GAE (Sec. 2.1, TRL 0.11's PPO) ----
 def rollout(policy, ref, queries, kl_coef, rm, tokenizer, args, device):
     """Stage I of Alg. 1 for language models: generate, score, and compute log pi, V, the
     KL-shaped per-token rewards and GAE advantages at theta(k). Returns the buffer and
@@ -397,6 +286,38 @@ def rollout(policy, ref, queries, kl_coef, rm, tokenizer, args, device):
     return b, (t1 - t0, timer(device) - t1)
 
 
+def compute_gae(rewards, values, mask, gamma, lam):
+    """GAE over the tokens of each continuation (Sec. 2.1); values and rewards past its end count
+    as 0"""
+    values = values * mask
+    rewards = rewards * mask
+    adv = torch.zeros_like(rewards)
+    lastgaelam = 0.0
+    T = rewards.shape[1]
+    for t in reversed(range(T)):
+        next_values = values[:, t + 1] if t < T - 1 else 0.0
+        delta = rewards[:, t] + gamma * next_values - values[:, t]
+        adv[:, t] = lastgaelam = delta + gamma * lam * lastgaelam
+    return adv, adv + values
+
+
+def whiten(x, mask):
+    """TRL's masked whitening: zero mean, unit (unbiased) variance over the real tokens of the
+    buffer"""
+    mean = (x * mask).sum() / mask.sum()
+    var = ((x - mean) ** 2 * mask).sum() / (mask.sum() - 1).clamp(min=1)
+    return (x - mean) * torch.rsqrt(var + 1e-8)
+
+
+def update_kl_coef(kl_coef, kl, n_episodes, args):
+    """Adaptive KL controller (Ziegler et al. 2019), as TRL's AdaptiveKLController"""
+    if not args.adaptive_kl:
+        return kl_coef
+    error = float(np.clip(kl / args.kl_target - 1, -0.2, 0.2))
+    return kl_coef * (1 + error * n_episodes / args.kl_horizon)
+
+
+# ---- Stage II of Alg. 1: the target f_seq, the influence of every episode, the filter ----
 def ppo_losses(policy, b, idx, args, params=None):
     """Per-episode PPO loss l_i (Sec. 2.1, TRL's loss for LMs): token means of the clipped
     surrogate and of vf_coef x 0.5 x the clipped squared value error. A minibatch's loss is the
@@ -467,6 +388,7 @@ def filter_records(scores, method, p, gen):
     return kept
 
 
+# ---- Stage III of Alg. 1: PPO on the kept episodes; and the test toxicity (App. B.3) ----
 def ppo_update(policy, optimizer, b, kept_idx, args, gen):
     """Stage III of Alg. 1: ppo_epochs passes over the kept episodes, reshuffled, mini_batch_size
     at a time (a smaller last minibatch is kept); so a filtered round takes fewer optimizer
@@ -499,52 +421,7 @@ def evaluate(policy, queries, tokenizer, clf, args, device):
     return classify(model, tok, texts, device).softmax(-1)[:, toxic].mean().item()
 
 
-def timer(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
-
-
-def resolve_args(args):
-    """Check every flag before anything is loaded; fail early with the flag's name."""
-    for key in ("batch_size", "mini_batch_size", "ppo_epochs", "gen_tokens", "prompt_min_tokens",
-                "forward_batch_size", "generation_batch_size", "validation_size", "eval_samples",
-                "eval_max_prompt_tokens", "lora_r", "kl_horizon"):
-        if getattr(args, key) < 1:
-            fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
-    if args.prompt_max_tokens < args.prompt_min_tokens:
-        fail(f"--prompt-max-tokens ({args.prompt_max_tokens}) must be at least --prompt-min-tokens "
-             f"({args.prompt_min_tokens})")
-    if args.mini_batch_size > args.batch_size:
-        fail(f"--mini-batch-size ({args.mini_batch_size}) must be at most --batch-size "
-             f"({args.batch_size})")
-    if args.rounds is not None and args.rounds < 1:
-        fail(f"--rounds must be at least 1, got {args.rounds}")
-    if args.eval_every < 0:
-        fail(f"--eval-every must be 0 (never) or more, got {args.eval_every}")
-    if args.filter_p is not None and not 0 < args.filter_p <= 1:
-        fail(f"--filter-p must be in (0, 1], got {args.filter_p}")
-    if not 0 <= args.held_out_fraction < 1:
-        fail(f"--held-out-fraction must be in [0, 1), got {args.held_out_fraction}")
-    for key in ("learning_rate", "kl_target", "cliprange", "cliprange_value"):
-        if not getattr(args, key) > 0:
-            fail(f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
-    if args.init_kl_coef < 0 or args.vf_coef < 0:
-        fail("--init-kl-coef and --vf-coef must be at least 0")
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        torch.empty(0, device=args.device)
-    except (RuntimeError, AssertionError) as e:
-        fail(f"--device {args.device!r} is not usable here ({e})")
-    if args.run_name is None:
-        args.run_name = f"rlhf__{args.filter_method}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join(args.runs_dir, args.run_name)
-    if os.path.exists(os.path.join(run_dir, "metrics.csv")):
-        fail(f"{run_dir}/metrics.csv exists: choose another --run-name or remove it")
-    return args
-
-
+# ---- The loop of Alg. 1 ----
 def main(args):
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -563,19 +440,7 @@ def main(args):
     n_rounds = args.rounds or len(train_prompts) // args.batch_size
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(trainable, lr=args.learning_rate)
-    n_trainable = sum(p.numel() for p in trainable)
-
-    run_dir = os.path.join(args.runs_dir, args.run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump(vars(args), f, indent=1)
-    metrics_file = open(os.path.join(run_dir, "metrics.csv"), "w", newline="")
-    writer = csv.DictWriter(metrics_file, fieldnames=METRICS)
-    writer.writeheader()
-    episodes_file = open(os.path.join(run_dir, "episodes.jsonl"), "w")
-    print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {device}: "
-          f"{n_rounds} rounds of {args.batch_size} episodes, filter {args.filter_method}, "
-          f"target {args.target} on {args.target_data} -> {run_dir}")
+    run = Run(args, n_rounds, sum(p.numel() for p in trainable), device)
     kl_coef = args.init_kl_coef
     order = []
     try:
@@ -621,33 +486,196 @@ def main(args):
                        t_optim=t_optim, t_eval=0.0)
             kl_coef = update_kl_coef(kl_coef, kl, args.batch_size, args)
 
-            if args.eval_every and (k + 1) % args.eval_every == 0:
+            if args.eval_every and (k + 1) % args.eval_every == 0:  # test toxicity (App. B.3)
                 t0 = timer(device)
                 row["eval_toxicity"] = evaluate(policy, eval_prompts, tokenizer, eval_clf, args,
                                                 device)
                 row["t_eval"] = timer(device) - t0
-            writer.writerow(row)
-            metrics_file.flush()
-            for i, text in enumerate(b["texts"]):
-                episode = dict(round=k, prompt=tokenizer.decode(queries[i]), continuation=text,
-                               reward=b["scores"][i].item(),
-                               influence=None if scores is None else scores[i].item(),
-                               kept=bool(kept[i]))
-                episodes_file.write(json.dumps(episode) + "\n")
-            episodes_file.flush()
-            tox = ""
-            if row["eval_toxicity"] != "":
-                tox = f" toxicity {row['eval_toxicity']:.3f}"
-            print(f"round {k} [{k + 1}/{n_rounds}] reward {row['reward_mean']:.3f} kl {kl:.3f} "
-                  f"beta {row['kl_coef']:.4f} | kept {row['n_kept']}/{args.batch_size}{tox} "
-                  f"| s: generate {t_generate:.1f} forward {t_forward:.1f} "
-                  f"influence {t_influence:.1f} optim {t_optim:.1f}", flush=True)
+            run.end_round(row, b, queries, scores, kept, tokenizer)
     finally:  # also on Ctrl-C (mid-round, the weights as they are then)
-        policy.lm.save_pretrained(os.path.join(run_dir, "policy"))  # the adapter only, with LoRA
-        tokenizer.save_pretrained(os.path.join(run_dir, "policy"))
-        torch.save(policy.v_head.state_dict(), os.path.join(run_dir, "value_head.pt"))
-        metrics_file.close()
-        episodes_file.close()
+        run.finish(policy, tokenizer)
+
+
+# =================================================================================================
+# Everything Alg. 1 needs stands above. Below, what a first reading may skip: loading the models
+# and data with clear errors, the flag checks, and the run folder.
+# =================================================================================================
+
+
+# ---- Plumbing: loading the models and data ----
+def fail(msg):
+    raise SystemExit(f"rlhf_iif.py: error: {msg}")
+
+
+def load(flag, name, loader, *a, **kw):
+    """Load a model, tokenizer or dataset; on any failure stop with the flag's name, before a file
+    is written"""
+    try:
+        return loader(name, *a, **kw)
+    except Exception as e:  # OSError, ValueError, hub and connection errors all end here
+        fail(f"{flag} {name!r} could not be loaded ({type(e).__name__}: "
+             f"{str(e).strip().splitlines()[0][:300]}). "
+             "Without network access, download it on another machine and pass its local path.")
+
+
+def load_rows(flag, name, split):
+    from datasets import load_dataset
+    if name.endswith((".json", ".jsonl")):
+        return load(flag, name, lambda path: load_dataset("json", data_files=path, split="train"))
+    return load(flag, name, load_dataset, split=split)
+
+
+def load_prompts(args, tokenizer):
+    """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt +
+    continuation text (as TRL's example does); split into training and held-out prompts."""
+    rows = load_rows("--dataset", args.dataset, "train")
+    if "prompt" not in rows.column_names:
+        fail(f"--dataset {args.dataset!r} has no 'prompt' column (columns: {rows.column_names})")
+    rng = np.random.default_rng(args.seed)
+    prompts = []
+    for row in rows:
+        p = row["prompt"]
+        c = row.get("continuation") or {}
+        if p.get("toxicity") is None or p["toxicity"] <= args.min_prompt_toxicity:
+            continue
+        ids = tokenizer(p["text"] + (c.get("text") or ""))["input_ids"]
+        n = int(rng.integers(args.prompt_min_tokens, args.prompt_max_tokens + 1))
+        if len(ids) >= n:
+            prompts.append(ids[:n])
+    order = rng.permutation(len(prompts))
+    n_held = int(args.held_out_fraction * len(prompts))
+    train = [prompts[i] for i in order[n_held:]]
+    held = [prompts[i] for i in order[:n_held]]
+    if len(train) < args.batch_size:
+        fail(f"--dataset {args.dataset!r} has {len(train)} training prompts with toxicity > "
+             f"{args.min_prompt_toxicity} and >= {args.prompt_min_tokens} tokens, fewer than "
+             f"--batch-size {args.batch_size}")
+    if args.target_data == "validation" and len(held) < args.validation_size:
+        fail(f"--validation-size {args.validation_size}: only {len(held)} held-out prompts "
+             f"(--held-out-fraction {args.held_out_fraction})")
+    return train, held[:args.validation_size]
+
+
+def load_eval_prompts(args, tokenizer):
+    rows = load_rows("--eval-dataset", args.eval_dataset, args.eval_split)
+    if not {"comment_text", "label"} <= set(rows.column_names):
+        fail(f"--eval-dataset {args.eval_dataset!r} needs 'comment_text' and 'label' columns "
+             f"(has {rows.column_names})")
+    texts = [r["comment_text"] for r in rows if r["label"] == 1][:args.eval_samples]
+    if not texts:
+        fail(f"--eval-dataset {args.eval_dataset!r} has no toxic (label 1) rows in split "
+             f"{args.eval_split!r}")
+    return [tokenizer(t)["input_ids"][-args.eval_max_prompt_tokens:] for t in texts]
+
+
+def load_classifier(flag, name, label_flag, label, device):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    tok = load(flag, name, AutoTokenizer.from_pretrained)
+    model = load(flag, name, AutoModelForSequenceClassification.from_pretrained).to(device).eval()
+    labels = {v: int(k) for k, v in model.config.id2label.items()}
+    if label not in labels:
+        fail(f"{label_flag} {label!r} is not a label of {flag} {name!r}; its labels are "
+             f"{sorted(labels)}")
+    return model, tok, labels[label]
+
+
+# ---- Plumbing: the flags, the run folder and timing ----
+def resolve_args(args):
+    """Check every flag before anything is loaded; fail early with the flag's name."""
+    for key in ("batch_size", "mini_batch_size", "ppo_epochs", "gen_tokens", "prompt_min_tokens",
+                "forward_batch_size", "generation_batch_size", "validation_size", "eval_samples",
+                "eval_max_prompt_tokens", "lora_r", "kl_horizon"):
+        if getattr(args, key) < 1:
+            fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
+    if args.prompt_max_tokens < args.prompt_min_tokens:
+        fail(f"--prompt-max-tokens ({args.prompt_max_tokens}) must be at least --prompt-min-tokens "
+             f"({args.prompt_min_tokens})")
+    if args.mini_batch_size > args.batch_size:
+        fail(f"--mini-batch-size ({args.mini_batch_size}) must be at most --batch-size "
+             f"({args.batch_size})")
+    if args.rounds is not None and args.rounds < 1:
+        fail(f"--rounds must be at least 1, got {args.rounds}")
+    if args.eval_every < 0:
+        fail(f"--eval-every must be 0 (never) or more, got {args.eval_every}")
+    if args.filter_p is not None and not 0 < args.filter_p <= 1:
+        fail(f"--filter-p must be in (0, 1], got {args.filter_p}")
+    if not 0 <= args.held_out_fraction < 1:
+        fail(f"--held-out-fraction must be in [0, 1), got {args.held_out_fraction}")
+    for key in ("learning_rate", "kl_target", "cliprange", "cliprange_value"):
+        if not getattr(args, key) > 0:
+            fail(f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
+    if args.init_kl_coef < 0 or args.vf_coef < 0:
+        fail("--init-kl-coef and --vf-coef must be at least 0")
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        torch.empty(0, device=args.device)
+    except (RuntimeError, AssertionError) as e:
+        fail(f"--device {args.device!r} is not usable here ({e})")
+    if args.run_name is None:
+        args.run_name = f"rlhf__{args.filter_method}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join(args.runs_dir, args.run_name)
+    if os.path.exists(os.path.join(run_dir, "metrics.csv")):
+        fail(f"{run_dir}/metrics.csv exists: choose another --run-name or remove it")
+    return args
+
+
+METRICS = ["round", "episodes", "reward_mean", "reward_std", "kl", "kl_coef", "n_kept",
+           "n_negative", "loss", "n_updates", "eval_toxicity", "t_generate", "t_forward",
+           "t_influence", "t_optim", "t_eval"]
+
+
+class Run:
+    """<runs-dir>/<run-name>/: config.json, metrics.csv (a row per round), episodes.jsonl (every
+    episode with its reward, influence and fate), and at the end the policy and its value head."""
+
+    def __init__(self, args, n_rounds, n_trainable, device):
+        self.args, self.n_rounds = args, n_rounds
+        self.dir = os.path.join(args.runs_dir, args.run_name)
+        os.makedirs(self.dir, exist_ok=True)
+        with open(os.path.join(self.dir, "config.json"), "w") as f:
+            json.dump(vars(args), f, indent=1)
+        self.metrics_file = open(os.path.join(self.dir, "metrics.csv"), "w", newline="")
+        self.writer = csv.DictWriter(self.metrics_file, fieldnames=METRICS)
+        self.writer.writeheader()
+        self.episodes_file = open(os.path.join(self.dir, "episodes.jsonl"), "w")
+        print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {device}: "
+              f"{n_rounds} rounds of {args.batch_size} episodes, filter {args.filter_method}, "
+              f"target {args.target} on {args.target_data} -> {self.dir}")
+
+    def end_round(self, row, b, queries, scores, kept, tokenizer):
+        """Write the round's row and its episodes, and print its line."""
+        k = row["round"]
+        self.writer.writerow(row)
+        self.metrics_file.flush()
+        for i, text in enumerate(b["texts"]):
+            episode = dict(round=k, prompt=tokenizer.decode(queries[i]), continuation=text,
+                           reward=b["scores"][i].item(),
+                           influence=None if scores is None else scores[i].item(),
+                           kept=bool(kept[i]))
+            self.episodes_file.write(json.dumps(episode) + "\n")
+        self.episodes_file.flush()
+        tox = ""
+        if row["eval_toxicity"] != "":
+            tox = f" toxicity {row['eval_toxicity']:.3f}"
+        print(f"round {k} [{k + 1}/{self.n_rounds}] reward {row['reward_mean']:.3f} kl "
+              f"{row['kl']:.3f} beta {row['kl_coef']:.4f} | kept {row['n_kept']}/"
+              f"{self.args.batch_size}{tox} | s: generate {row['t_generate']:.1f} forward "
+              f"{row['t_forward']:.1f} influence {row['t_influence']:.1f} optim "
+              f"{row['t_optim']:.1f}", flush=True)
+
+    def finish(self, policy, tokenizer):
+        policy.lm.save_pretrained(os.path.join(self.dir, "policy"))  # the adapter only, with LoRA
+        tokenizer.save_pretrained(os.path.join(self.dir, "policy"))
+        torch.save(policy.v_head.state_dict(), os.path.join(self.dir, "value_head.pt"))
+        self.metrics_file.close()
+        self.episodes_file.close()
+
+
+def timer(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ def main():
         masked = dict(b, completion_mask=b["completion_mask"] * kept[:, None])
         masked["num_items_in_batch"] = masked["completion_mask"].sum()
         t_mask = seconds(lambda: update(trainer, masked), a.reps)
-        t_out = seconds(lambda: update(trainer, trainer.keep_only(b, kept)), a.reps)
+        t_out = seconds(lambda: update(trainer, grpo_iif.keep_only(trainer, b, kept)), a.reps)
         print(f"| {kept.float().mean():.2f} | {t_mask:.3f} | {t_out:.3f} | {t_out / t_mask:.2f} |")
 
 

@@ -1,4 +1,4 @@
-"""The envpool backend, --eval-every and --resume."""
+"""The envpool backend (iif_envpool.py), --eval-every and --resume."""
 import csv
 import os
 import subprocess
@@ -14,6 +14,7 @@ import iif
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 envpool = pytest.importorskip("envpool")
+import iif_envpool  # noqa: E402
 
 
 def args_for(tmp_path, *flags):
@@ -50,7 +51,7 @@ def test_envpool_wrapper_is_envpool_without_its_reset_steps():
         done.append(bool(te[0] | tr[0]))
         final.append(o[0])
         reset_step = done[-1]
-    ours = iif.EnvpoolVec("Acrobot-v1", kwargs, 1, 1)
+    ours = iif_envpool.EnvpoolVec("Acrobot-v1", kwargs, 1, 1)
     first, _ = ours.reset(seed=5)
     np.testing.assert_array_equal(first, raw_first)
     for t in range(steps):
@@ -63,7 +64,7 @@ def test_envpool_wrapper_is_envpool_without_its_reset_steps():
 
 
 def test_envpool_wrapper_steps_a_subset():
-    ours = iif.EnvpoolVec("Acrobot-v1", {}, 4, 1)
+    ours = iif_envpool.EnvpoolVec("Acrobot-v1", {}, 4, 1)
     ours.reset(seed=1)
     o, r, te, tr, info = ours.step(np.zeros(2, dtype=np.int64), np.array([1, 3]))
     assert o.shape == (2, 6) and list(info["env_id"]) == [1, 3] and list(info["elapsed_step"]) == [1, 1]
@@ -74,7 +75,7 @@ def test_envpool_wrapper_steps_a_subset():
 @pytest.mark.parametrize("env_id", ["MiniGrid-Empty-8x8-v0", "highway-v0"])
 def test_envpool_spaces_match_gymnasium(env_id):
     gym_env = iif.make_env(env_id, iif.PRESETS[env_id].get("env_kwargs", {}))()
-    pool = iif.EnvpoolVec(env_id, iif.PRESETS[env_id]["envpool"], 2, 1)
+    pool = iif_envpool.EnvpoolVec(env_id, iif.PRESETS[env_id]["envpool"], 2, 1)
     assert pool.single_observation_space.shape == gym_env.observation_space.shape
     assert pool.single_action_space == gym_env.action_space
     obs, _ = pool.reset(seed=1)
@@ -84,7 +85,7 @@ def test_envpool_spaces_match_gymnasium(env_id):
 def test_evaluate_on_envpool_steps_only_the_envs_owing_episodes():
     agent = iif.Agent(gym.spaces.Box(-1, 1, (6,)), gym.spaces.Discrete(3))
     calls = []
-    pool = iif.EnvpoolVec("Acrobot-v1", dict(max_episode_steps=5), 4, 1)
+    pool = iif_envpool.EnvpoolVec("Acrobot-v1", dict(max_episode_steps=5), 4, 1)
     step = pool.step
     pool.step = lambda a, ids=None: calls.append(len(ids)) or step(a, ids)
     # 10 episodes on 4 envs: quotas 3, 3, 2, 2. All four step 10 times, then the first two 5 more

@@ -1,6 +1,7 @@
 """iif.py end to end through its command line."""
 import csv
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,6 +51,19 @@ def test_every_preset_runs_two_rounds(tmp_path, env_id):
         assert float(r["test_return_std"]) >= 0 and float(r["t_optim"]) > 0
     assert "round 1 [2/2]" in proc.stdout
 
+
+
+def test_iif_py_alone_runs_the_presets_on_gymnasium(tmp_path):
+    """A user copies iif.py alone: without iif_envpool.py beside it, --env-backend auto takes gymnasium"""
+    (tmp_path / "alone").mkdir()
+    shutil.copy(os.path.join(ROOT, "iif.py"), tmp_path / "alone")
+    cmd = [sys.executable, str(tmp_path / "alone" / "iif.py"), "--runs-dir", str(tmp_path), "--env-id", "Acrobot-v1",
+           *SHORT]
+    proc = subprocess.run([*cmd, "--run-name", "r"], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0 and "Acrobot-v1 on gymnasium" in proc.stdout, proc.stderr
+    proc = subprocess.run([*cmd, "--run-name", "e", "--env-backend", "envpool"], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode != 0 and "iif_envpool.py" in proc.stderr and "Traceback" not in proc.stderr
 
 @pytest.mark.parametrize("method", ["adv-error", "adv-product", "td-weight"])
 def test_baseline_filters_run(tmp_path, method):

@@ -101,7 +101,7 @@ def test_tracin_equals_explicit_step_by_step_sum(kind):
     ref_agent = copy.deepcopy(agent)
     kept = torch.arange(32)[torch.arange(32) % 5 != 0]  # 25 kept records: 3 minibatches of 8, remainder 1
     optimizer = torch.optim.SGD(agent.parameters(), lr=0.05)
-    n_updates, tracin, _ = iif.ppo_update(agent, optimizer, b, kept, ARGS, np.random.default_rng(7), target)
+    n_updates, tracin = iif.ppo_update(agent, optimizer, b, kept, ARGS, np.random.default_rng(7), target)
     assert n_updates == 2 * 3
 
     rng = np.random.default_rng(7)
@@ -136,8 +136,8 @@ def test_snapshot_is_the_first_tracin_term():
     for max_grad_norm in (0.0, 0.5):
         one_step = SimpleNamespace(**{**vars(ARGS), "update_epochs": 1, "minibatch_size": 8,
                                       "max_grad_norm": max_grad_norm})
-        _, tracin, _ = iif.ppo_update(copy.deepcopy(agent), torch.optim.SGD(agent.parameters(), lr=0.1), b,
-                                      torch.arange(8), one_step, np.random.default_rng(0), target)
+        _, tracin = iif.ppo_update(copy.deepcopy(agent), torch.optim.SGD(agent.parameters(), lr=0.1), b,
+                                   torch.arange(8), one_step, np.random.default_rng(0), target)
         scale = tracin / snapshot  # clipping scales the step, and so its scores, by one factor
         torch.testing.assert_close(scale, scale[0].expand(8))
         assert (scale[0] == 1.0) if max_grad_norm == 0 else (scale[0] < 1.0)
@@ -269,8 +269,8 @@ def test_sampled_minibatches_follow_the_given_probabilities():
     p = np.zeros(16)
     p[[2, 9]] = 0.5
     no_clip = SimpleNamespace(**{**vars(ARGS), "max_grad_norm": 0.0})  # unscaled steps: scores count draws
-    _, tracin, _ = iif.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.0), b, torch.arange(16), no_clip,
-                                  np.random.default_rng(0), target, sample_p=p)
+    _, tracin = iif.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.0), b, torch.arange(16), no_clip,
+                               np.random.default_rng(0), target, sample_p=p)
     assert set(torch.nonzero(tracin).flatten().tolist()) == {2, 9}
     # with lr 0 every step scores at theta(k): the summed TracIn counts each draw of a record
     snapshot = iif.influence(agent, b, torch.arange(16), target, ARGS)
@@ -390,8 +390,8 @@ def test_target_kl_stops_the_update_early():
     def update(target_kl):
         moved = copy.deepcopy(agent)
         args = SimpleNamespace(**{**vars(ARGS), "max_grad_norm": 0.0, "update_epochs": 10, "target_kl": target_kl})
-        n, _, _ = iif.ppo_update(moved, torch.optim.Adam(moved.parameters(), lr=1e-2), b, torch.arange(64), args,
-                                 np.random.default_rng(0))
+        n, _ = iif.ppo_update(moved, torch.optim.Adam(moved.parameters(), lr=1e-2), b, torch.arange(64), args,
+                              np.random.default_rng(0))
         return n, iif.approx_kl(moved, b, torch.arange(64))
 
     n_full, kl_full = update(0.0)
