@@ -157,12 +157,17 @@ class Efficiency:
     rounds: int = 0
     """compare the first N rounds of each run only (0: all; the released code's LunarLander
     comparison window is 100)"""
+    tested_every: int = 1
+    """read the test returns of every N-th round only (rounds N-1, 2N-1, ...), as if the runs had
+    been made with --eval-every N: what testing less often does to the numbers"""
 
 
 def cmd_efficiency(args):
     name = LABELS.get(args.label, args.label)
     if args.rounds < 0:
         fail(f"--rounds must be 0 (all) or a number of rounds, got {args.rounds}")
+    if args.tested_every < 1:
+        fail(f"--tested-every must be at least 1, got {args.tested_every}")
     readings = ("records", "even") if args.levels == "both" else (args.levels,)
     print("Mean over seeds [95 % bootstrap interval], in %. SE_ave over standard's record returns "
           "and/or 10 even levels up to its peak; levels: records per seed (how many "
@@ -176,6 +181,10 @@ def cmd_efficiency(args):
         runs = load_runs(args.runs, env_id)
         if args.rounds:
             runs = {lb: {s: rows[:args.rounds] for s, rows in r.items()} for lb, r in runs.items()}
+        if args.tested_every > 1:
+            runs = {lb: {s: [row if (row["round"] + 1) % args.tested_every == 0
+                             else {**row, "test_return_mean": math.nan} for row in rows]
+                         for s, rows in r.items()} for lb, r in runs.items()}
         seeds = sorted(set(runs["none"]) & set(runs[args.label]))
         res = [efficiency(runs["none"][s], runs[args.label][s]) for s in seeds]
         by_reading = {"records": res}

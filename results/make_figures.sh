@@ -45,6 +45,15 @@ if complete highway-v0 100; then  # on envpool
   python analysis.py curves --runs results/runs --env highway-v0 --labels influence none random --out $F/curves_highway.png > $F/curves_highway.txt
   python analysis.py efficiency --runs results/runs --env highway-v0 --at 20 25 28 > $F/efficiency_highway.md
 fi
+if complete highway-v0 100; then  # what testing every 2nd, 5th, 10th round would have given
+  for n in 1 2 5 10; do
+    echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env highway-v0 --tested-every $n | sed -n 5p
+  done > $F/efficiency_highway_tested_every.md
+fi
+if [ -f results/highway-noclip/highway-v0__random__5/metrics.csv ]; then  # highway-v0 without gradient clipping
+  python analysis.py curves --runs results/highway-noclip --env highway-v0 --labels influence none random --out $F/curves_highway_noclip.png > $F/curves_highway_noclip.txt
+  python analysis.py efficiency --runs results/highway-noclip --env highway-v0 --at 20 25 28 > $F/efficiency_highway_noclip.md
+fi
 if [ -d $D/highway-v0__none__1/rounds ]; then  # Fig. 4: "slower" (action 4), on envpool
   python analysis.py behavior-formation --run $D/highway-v0__none__1 --action 4 --phases 2.5 7.5 --out $F/behavior_formation_highway.png > $F/behavior_formation_highway.txt
 fi

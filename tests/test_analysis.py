@@ -161,6 +161,8 @@ def test_efficiency_on_the_first_rounds(tmp_path):
     assert "| 14.6 [14.6, 14.6] |" in out and "| 4 (1) |" in out
     out = sh(*cmd, "--rounds", "2")  # v = 1, 2 only
     assert "| 25.0 [25.0, 25.0] |" in out and "| 2 (0) |" in out
+    out = sh(*cmd, "--tested-every", "2")  # rounds 1 and 3 tested: v = 2, 4, reached by IIF in 2, never
+    assert "| -12.5 [-12.5, -12.5] |" in out and "| 2 (1) |" in out
 
 
 def test_frozenlake_diagnostics_subcommands(frozenlake_runs, tmp_path):

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Fig. 6(b) under the paper's test protocol (docs/results.md, "Fig. 6(b) tested every round"): each
+# paper preset unchanged, 5 seeds of standard PPO, IIF and random filtering, tested every round.
+# LunarLander: 200 fresh test episodes a round (the paper's 1000 cost 18 s a round on a 2-core CPU,
+# 45 min a run); BipedalWalker: 100 every 2nd round (every round would cost 2.8 h a run of test
+# episodes alone). highway-v0's preset already tests 100 episodes every round: its runs are those
+# of results/runs. Runs go to results/fig6b/<env>__<method>__<seed>/, seed by seed; resumable (see
+# reproduce.sh); JOBS in parallel (default 1).
+#   [SEEDS="1 2 3 4 5"] [ENVS="..."] [JOBS=1] bash results/fig6b.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+protocol() {  # env -> test flags
+  case $1 in
+    LunarLander-v3) echo "--eval-every 1 --eval-episodes 200" ;;
+    BipedalWalker-v3) echo "--eval-every 2 --eval-episodes 100" ;;
+  esac
+}
+run() {  # env method seed
+  mkdir -p results/fig6b
+  RUNS=results/fig6b bash results/reproduce.sh "$1" "$2" "$3" $(protocol "$1") \
+    > "results/fig6b/$1.$2.$3.log" 2>&1 && rm "results/fig6b/$1.$2.$3.log"
+}
+export -f protocol run
+ENVS=${ENVS:-"LunarLander-v3 BipedalWalker-v3"}
+SEEDS=${SEEDS:-"1 2 3 4 5"}
+for env in $ENVS; do for s in $SEEDS; do for m in none influence random; do echo "$env $m $s"; done; done; done |
+  xargs -P "${JOBS:-1}" -L 1 bash -c 'run "$@"' _
