@@ -281,7 +281,8 @@ def tiny_round(lr=1e-4, n=256, seed=0):
     plain SGD (no advantage normalisation) with a small learning rate: the round is close to linear."""
     config = {f.name: getattr(iif.Args(), f.name) for f in dataclasses.fields(iif.Args)}
     config.update(env_id="FrozenLake-v1", env_kwargs=iif.PRESETS["FrozenLake-v1"]["env_kwargs"], optimizer="sgd",
-                  learning_rate=lr, update_epochs=1, minibatch_size=8, adv_norm="none", filter_p=0.5)
+                  learning_rate=lr, update_epochs=1, minibatch_size=8, adv_norm="none", filter_p=0.5,
+                  max_grad_norm=0.0)
     torch.manual_seed(seed)
     agent = analysis.agent_for(config, iif.Agent(gym.spaces.Box(0, 1, (16,)), gym.spaces.Discrete(4)).state_dict())
     g = torch.Generator().manual_seed(seed)
