@@ -175,8 +175,7 @@ def cmd_efficiency(args):
     head = " | ".join(f"SE_ave, {r}" for r in readings)
     print(f"| env | method | seeds | {head} | SE_peak | RT_peak | levels |")
     print("|---|---|---|" + "---|" * len(readings) + "---|---|---|")
-    breakdown = []
-    at = []
+    breakdown, at, left_out = [], [], []
     for env_id in args.env:
         runs = load_runs(args.runs, env_id)
         if args.rounds:
@@ -186,6 +185,13 @@ def cmd_efficiency(args):
                              else {**row, "test_return_mean": math.nan} for row in rows]
                          for s, rows in r.items()} for lb, r in runs.items()}
         seeds = sorted(set(runs["none"]) & set(runs[args.label]))
+        n = max(len(runs[lb][s]) for lb in ("none", args.label) for s in seeds)
+        unfinished = [s for s in seeds if min(len(runs["none"][s]), len(runs[args.label][s])) < n]
+        if unfinished:  # a run still under way would be compared on fewer rounds
+            left_out.append(f"{env_id}: seed(s) {', '.join(unfinished)} left out, unfinished")
+            seeds = [s for s in seeds if s not in unfinished]
+        if not seeds:
+            continue
         res = [efficiency(runs["none"][s], runs[args.label][s]) for s in seeds]
         by_reading = {"records": res}
         if "even" in readings:
@@ -214,6 +220,8 @@ def cmd_efficiency(args):
             keys = ("t_rollout", "t_influence", "t_optim", "t_eval", "n_kept", "n_updates")
             means = [np.mean([r[k] for r in rows]) for k in keys]
             breakdown.append((env_id, LABELS.get(label, label), *means))
+    if left_out:
+        print("\n" + "\n".join(left_out))
     if at:
         print(f"\nSE at chosen levels v (rounds to reach v, {name} / standard, per seed):\n")
         print("| env | method | v | m / m_std | SE(v) |")

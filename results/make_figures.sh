@@ -50,6 +50,13 @@ if complete highway-v0 100; then  # what testing every 2nd, 5th, 10th round woul
     echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env highway-v0 --tested-every $n | sed -n 5p
   done > $F/efficiency_highway_tested_every.md
 fi
+if [ -f results/fig6b/LunarLander-v3__random__1/metrics.csv ]; then  # bash results/fig6b.sh; finished seeds only
+  python analysis.py efficiency --runs results/fig6b --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander_fig6b.md
+  python analysis.py efficiency --runs results/fig6b --env LunarLander-v3 --label random > $F/efficiency_random_lunarlander_fig6b.md
+  for n in 1 2 5; do
+    echo "tested every $n round(s):"; python analysis.py efficiency --runs results/fig6b --env LunarLander-v3 --tested-every $n | sed -n 5p
+  done > $F/efficiency_lunarlander_fig6b_tested_every.md
+fi
 if [ -f results/highway-noclip/highway-v0__random__5/metrics.csv ]; then  # highway-v0 without gradient clipping
   python analysis.py curves --runs results/highway-noclip --env highway-v0 --labels influence none random --out $F/curves_highway_noclip.png > $F/curves_highway_noclip.txt
   python analysis.py efficiency --runs results/highway-noclip --env highway-v0 --at 20 25 28 > $F/efficiency_highway_noclip.md

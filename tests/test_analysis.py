@@ -149,18 +149,21 @@ def test_curves_and_efficiency_subcommands(frozenlake_runs, tmp_path):
 
 
 def test_efficiency_on_the_first_rounds(tmp_path):
-    for label, returns in (("none", [1, 2, 3, 4]), ("influence", [2, 3, 3, 3])):
-        os.makedirs(tmp_path / f"E__{label}__1")
+    runs = (("none", 1, [1, 2, 3, 4]), ("influence", 1, [2, 3, 3, 3]), ("none", 2, [1, 2, 3, 4]),
+            ("influence", 2, [4, 4]))  # seed 2's IIF run is unfinished
+    for label, seed, returns in runs:
+        os.makedirs(tmp_path / f"E__{label}__{seed}")
         rows = [{k: 0.1 for k in iif.METRICS} | dict(round=k, test_return_mean=r) for k, r in enumerate(returns)]
-        with open(tmp_path / f"E__{label}__1" / "metrics.csv", "w", newline="") as f:
+        with open(tmp_path / f"E__{label}__{seed}" / "metrics.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=iif.METRICS)
             w.writeheader()
             w.writerows(rows)
     cmd = ("analysis.py", "efficiency", "--runs", str(tmp_path), "--env", "E", "--levels", "records")
     out = sh(*cmd)  # SE(v) for v = 1, 2, 3, 4: 1 - 1/1, 1 - 1/2, 1 - 2/3, 1 - (4 + 1)/4
-    assert "| 14.6 [14.6, 14.6] |" in out and "| 4 (1) |" in out
-    out = sh(*cmd, "--rounds", "2")  # v = 1, 2 only
-    assert "| 25.0 [25.0, 25.0] |" in out and "| 2 (0) |" in out
+    assert "| E | IIF | 1 | 14.6 [14.6, 14.6] |" in out and "| 4 (1) |" in out
+    assert "E: seed(s) 2 left out, unfinished" in out
+    out = sh(*cmd, "--rounds", "2")  # v = 1, 2 only; every run holds 2 rounds
+    assert "| E | IIF | 2 | 25.0 [25.0, 25.0] |" in out and "| 2 (0), 2 (0) |" in out
     out = sh(*cmd, "--tested-every", "2")  # rounds 1 and 3 tested: v = 2, 4, reached by IIF in 2, never
     assert "| -12.5 [-12.5, -12.5] |" in out and "| 2 (1) |" in out
 
