@@ -564,7 +564,9 @@ def main(args):
                 kept, sample_p = baseline_filter(b, kept, args)  # App. C replaces the filter
 
             # Stage III (Alg. 1): the ordinary PPO update on the kept records
-            theta_k = {key: v.clone() for key, v in agent.state_dict().items()}  # --save-rounds
+            theta_k = None  # theta(k), kept for the round file of --save-rounds
+            if args.save_rounds:
+                theta_k = {key: v.clone() for key, v in agent.state_dict().items()}
             with timed("t_optim"):
                 n_updates, tracin = ppo_update(
                     agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng,
