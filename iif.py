@@ -131,6 +131,9 @@ class Args:
     """include a Gaussian policy's log-std in the influence (the released scorer left it out)"""
     filter_ties: Literal["keep", "drop"] = "keep"
     """records tied with the cut: keep them (the released code), or drop exactly floor(p x n_neg)"""
+    reseed_rounds: bool = False
+    """start every round's rollout from env.reset(seed) and torch's seed, as the released
+    LunarLander and MiniGrid IIF scripts do (a process per round); off: episodes run on"""
 
     # Beyond the paper (off on its presets; docs/usage.md)
     min_agreement: Optional[float] = None
@@ -544,6 +547,8 @@ def main(args):
     try:
         for k in range(run.start, args.num_rounds):
             seconds.clear()  # the round's t_* columns
+            if args.reseed_rounds:  # --reseed-rounds: the released scripts' fresh start
+                next_obs = reseed_round(envs, ep_ret, args)
             # Stage I (Alg. 1): collect the rollout buffer B(k) with the policy at theta(k)
             with timed("t_rollout"):
                 b, next_obs, train_return = collect_rollout(agent, envs, next_obs, ep_ret, args)
@@ -641,6 +646,15 @@ def adam_precond(agent, optimizer):
 
 def step_precond(agent, optimizer, args):
     return adam_precond(agent, optimizer) if args.influence_precond == "adam" else None
+
+
+def reseed_round(envs, ep_ret, args):
+    """--reseed-rounds: the released code runs each IIF round as a new process seeded alike, so
+    every round draws the same action noise and resets the envs to the same episodes (its
+    standard PPO runs on). Returns the first observation."""
+    torch.manual_seed(args.seed)
+    ep_ret[:] = 0.0
+    return envs.reset(seed=args.seed)[0]
 
 
 @torch.no_grad()
@@ -862,7 +876,8 @@ NOT_COMPARED = ("resume", "threads", "runs_dir", "batch_size", "num_rounds", "en
 
 
 # flags newer than some saved runs: a config.json without them was made with them off
-ADDED_FLAGS = dict(min_agreement=-1.0, influence_precond="none", target_kl=0.0, score_log_std=True)
+ADDED_FLAGS = dict(min_agreement=-1.0, influence_precond="none", target_kl=0.0, score_log_std=True,
+                   reseed_rounds=False)
 
 
 class Run:

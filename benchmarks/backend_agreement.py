@@ -21,7 +21,8 @@ import iif  # noqa: E402
 
 # (env, run whose final policy is tested, test episodes); each was trained on the backend its config.json names
 CASES = [("Acrobot-v1", "Acrobot-v1__none__1", 1000), ("MiniGrid-Empty-8x8-v0", "MiniGrid-Empty-8x8-v0__none__1", 1000),
-         ("LunarLander-v3", "LunarLander-v3__none__1", 1000), ("BipedalWalker-v3", "BipedalWalker-v3__none__1", 200),
+         ("LunarLander-v3", "../coarse/LunarLander-v3__none__1", 1000),  # the 3-seed runs tested coarsely
+         ("BipedalWalker-v3", "../coarse/BipedalWalker-v3__none__1", 200),
          ("highway-v0", "../highway-noclip/highway-v0__none__1", 200)]  # trained before the preset clipped
 
 

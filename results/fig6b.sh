@@ -3,9 +3,10 @@
 # paper preset unchanged, 5 seeds of standard PPO, IIF and random filtering, tested every round.
 # LunarLander: 200 fresh test episodes a round (the paper's 1000 cost 18 s a round on a 2-core CPU,
 # 45 min a run); BipedalWalker: 100 every 2nd round (every round would cost 2.8 h a run of test
-# episodes alone). highway-v0's preset already tests 100 episodes every round: its runs are those
-# of results/runs. Runs go to results/fig6b/<env>__<method>__<seed>/, seed by seed; resumable (see
-# reproduce.sh); JOBS in parallel (default 1).
+# episodes alone). highway-v0's preset already tests 100 episodes every round (reproduce.sh).
+# Runs go to results/runs/<env>__<method>__<seed>/, seed by seed; resumable (see reproduce.sh);
+# JOBS in parallel (default 1). The earlier 3-seed runs, tested every 5th (LunarLander) or 10th
+# (BipedalWalker) round, are in results/coarse/.
 #   [SEEDS="1 2 3 4 5"] [ENVS="..."] [JOBS=1] bash results/fig6b.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,9 +17,8 @@ protocol() {  # env -> test flags
   esac
 }
 run() {  # env method seed
-  mkdir -p results/fig6b
-  RUNS=results/fig6b bash results/reproduce.sh "$1" "$2" "$3" $(protocol "$1") \
-    > "results/fig6b/$1.$2.$3.log" 2>&1 && rm "results/fig6b/$1.$2.$3.log"
+  bash results/reproduce.sh "$1" "$2" "$3" $(protocol "$1") > "results/runs/$1.$2.$3.log" 2>&1 &&
+    rm "results/runs/$1.$2.$3.log"
 }
 export -f protocol run
 ENVS=${ENVS:-"LunarLander-v3 BipedalWalker-v3"}

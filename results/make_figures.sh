@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Every figure and table under results/figures from the runs of results/reproduce.sh and the
 # diagnostics runs (docs/results.md); each command's printout is kept beside its figure.
-# An environment is drawn once all 9 of its runs (IIF, standard, random x 3 seeds) are complete.
+# An environment is drawn once all its runs (IIF, standard, random x 3 or 5 seeds) are complete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 F=results/figures
 D=results/diagnostics
-complete() {  # all 3 seeds of env $1's runs (influence/none/random, or the methods $3...) hold $2 rounds
-  local env=$1 rounds=$2; shift 2
-  for m in ${@:-influence none random}; do for s in 1 2 3; do
-    f=results/runs/${env}__${m}__$s/metrics.csv
+complete() {  # seeds $S (default 1 2 3) of env $1's runs under $R (default results/runs), methods
+  local env=$1 rounds=$2; shift 2  # influence/none/random or $3..., hold $2 rounds
+  for m in ${@:-influence none random}; do for s in ${S:-1 2 3}; do
+    f=${R:-results/runs}/${env}__${m}__$s/metrics.csv
     [ -f "$f" ] && [ "$(($(wc -l < "$f") - 1))" -ge "$rounds" ] || return 1
   done; done
 }
@@ -50,13 +50,20 @@ if complete highway-v0 100; then  # what testing every 2nd, 5th, 10th round woul
     echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env highway-v0 --tested-every $n | sed -n 5p
   done > $F/efficiency_highway_tested_every.md
 fi
-if [ -f results/fig6b/LunarLander-v3__random__1/metrics.csv ]; then  # bash results/fig6b.sh; finished seeds only
-  python analysis.py efficiency --runs results/fig6b --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander_fig6b.md
-  python analysis.py efficiency --runs results/fig6b --env LunarLander-v3 --label random > $F/efficiency_random_lunarlander_fig6b.md
+if S="1 2 3 4 5" complete LunarLander-v3 150; then  # bash results/fig6b.sh: tested every round
+  python analysis.py curves --runs results/runs --env LunarLander-v3 --labels influence none random --out $F/curves_lunarlander.png > $F/curves_lunarlander.txt
+  python analysis.py efficiency --runs results/runs --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander.md
+  python analysis.py efficiency --runs results/runs --env LunarLander-v3 --label random > $F/efficiency_random_lunarlander.md
+  python analysis.py efficiency --runs results/runs --env LunarLander-v3 --rounds 100 > $F/efficiency_lunarlander_100.md
   for n in 1 2 5; do
-    echo "tested every $n round(s):"; python analysis.py efficiency --runs results/fig6b --env LunarLander-v3 --tested-every $n | sed -n 5p
-  done > $F/efficiency_lunarlander_fig6b_tested_every.md
+    echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env LunarLander-v3 --tested-every $n | sed -n 5p
+  done > $F/efficiency_lunarlander_tested_every.md
 fi
+for v in reseed adam adam-reseed; do  # bash results/lunarlander_release.sh; finished seeds only
+  if [ -f results/lunarlander-release/$v/LunarLander-v3__influence__1/metrics.csv ]; then
+    echo "## $v"; python analysis.py efficiency --runs results/lunarlander-release/$v --env LunarLander-v3 --at 0 100 200
+  fi
+done > $F/efficiency_lunarlander_release.md
 if [ -f results/highway-noclip/highway-v0__random__5/metrics.csv ]; then  # highway-v0 without gradient clipping
   python analysis.py curves --runs results/highway-noclip --env highway-v0 --labels influence none random --out $F/curves_highway_noclip.png > $F/curves_highway_noclip.txt
   python analysis.py efficiency --runs results/highway-noclip --env highway-v0 --at 20 25 28 > $F/efficiency_highway_noclip.md
@@ -64,21 +71,28 @@ fi
 if [ -d $D/highway-v0__none__1/rounds ]; then  # Fig. 4: "slower" (action 4), on envpool
   python analysis.py behavior-formation --run $D/highway-v0__none__1 --action 4 --phases 2.5 7.5 --out $F/behavior_formation_highway.png > $F/behavior_formation_highway.txt
 fi
-if complete LunarLander-v3 150; then  # on envpool, tested every 5th round
-  python analysis.py curves --runs results/runs --env LunarLander-v3 --labels influence none random td-weight --out $F/curves_lunarlander.png > $F/curves_lunarlander.txt
-  python analysis.py efficiency --runs results/runs --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander.md
-  python analysis.py efficiency --runs results/runs --env LunarLander-v3 --rounds 100 --at 0 100 200 > $F/efficiency_lunarlander_100.md
-  if complete LunarLander-v3 150 td-weight; then
-    python analysis.py efficiency --runs results/runs --env LunarLander-v3 --label td-weight --at 0 100 200 > $F/efficiency_td_lunarlander.md
+if R=results/coarse complete LunarLander-v3 150; then  # 3 seeds tested every 5th round, on envpool
+  python analysis.py curves --runs results/coarse --env LunarLander-v3 --labels influence none random td-weight --out $F/curves_lunarlander_coarse.png > $F/curves_lunarlander_coarse.txt
+  python analysis.py efficiency --runs results/coarse --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander_coarse.md
+  python analysis.py efficiency --runs results/coarse --env LunarLander-v3 --rounds 100 --at 0 100 200 > $F/efficiency_lunarlander_coarse_100.md
+  if R=results/coarse complete LunarLander-v3 150 td-weight; then
+    python analysis.py efficiency --runs results/coarse --env LunarLander-v3 --label td-weight --at 0 100 200 > $F/efficiency_td_lunarlander.md
   fi
 fi
-if complete BipedalWalker-v3 500; then  # on envpool, tested every 10th round
+if R=results/coarse complete BipedalWalker-v3 500; then  # 3 seeds tested every 10th round, on envpool
+  python analysis.py curves --runs results/coarse --env BipedalWalker-v3 --labels influence none random --out $F/curves_bipedalwalker_coarse.png > $F/curves_bipedalwalker_coarse.txt
+  python analysis.py efficiency --runs results/coarse --env BipedalWalker-v3 --at 0 100 200 > $F/efficiency_bipedalwalker_coarse.md
+fi
+if S="1 2 3 4 5" complete BipedalWalker-v3 500; then  # bash results/fig6b.sh: tested every 2nd round
   python analysis.py curves --runs results/runs --env BipedalWalker-v3 --labels influence none random --out $F/curves_bipedalwalker.png > $F/curves_bipedalwalker.txt
   python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --at 0 100 200 > $F/efficiency_bipedalwalker.md
+  python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --label random > $F/efficiency_random_bipedalwalker.md
 fi
-envs=""  # Fig. 6(b): every environment whose 9 runs are complete
-for e in FrozenLake-v1=50 Acrobot-v1=50 MiniGrid-Empty-8x8-v0=40 highway-v0=100 LunarLander-v3=150 BipedalWalker-v3=500; do
-  if complete ${e%=*} ${e#*=}; then envs="$envs ${e%=*}"; fi
+envs=""  # Fig. 6(b): every environment whose runs (env=rounds=seeds) are complete
+for e in FrozenLake-v1=50=3 Acrobot-v1=50=3 MiniGrid-Empty-8x8-v0=40=3 highway-v0=100=5 LunarLander-v3=150=5 \
+  BipedalWalker-v3=500=5; do
+  IFS== read -r env rounds n <<< "$e"
+  if S="$(seq -s ' ' "$n")" complete "$env" "$rounds"; then envs="$envs $env"; fi
 done
 python analysis.py efficiency --runs results/runs --env $envs > $F/efficiency_all.md
 if [ -f results/backends/highway-v0__influence-gymnasium__1/metrics.csv ]; then  # bash results/backends.sh

@@ -94,6 +94,16 @@ def test_saved_rounds_hold_theta_k_and_the_scored_buffer(tmp_path):
     assert any(not torch.equal(r0["state_dict"][k], r1["state_dict"][k]) for k in r0["state_dict"])
 
 
+@pytest.mark.parametrize("reseed", [True, False])
+def test_reseed_rounds_starts_every_round_alike(tmp_path, reseed):
+    # a learning rate too small to change a sampled action: only the seeding tells the rounds apart
+    run(tmp_path, "--env-id", "CartPole-v1", "--save-rounds", "--learning-rate", "1e-12", *SHORT,
+        *(["--reseed-rounds"] if reseed else []))
+    r0, r1 = (torch.load(tmp_path / "r" / "rounds" / f"round_000{k}.pt") for k in (0, 1))
+    same = torch.equal(r0["obs"], r1["obs"]) and torch.equal(r0["actions"], r1["actions"])
+    assert same == reseed
+
+
 @pytest.mark.parametrize("backend", ["gymnasium", "envpool"])
 def test_same_seed_same_metrics(tmp_path, backend):
     def metrics(sub, seed):  # four rounds: two seeds' integer columns can coincide over two
