@@ -349,6 +349,9 @@ def cmd_curves(args):
             ax.plot(x, mean, color=colors[label], label=f"{name} ({len(curves)} seeds)")
             ax.fill_between(x, mean - std, mean + std, color=colors[label], alpha=0.2, linewidth=0)
             print(f"  {name:>12}: {mean[-1]:.3f} ± {std[-1]:.3f} after {n} rounds")
+            late = curves[:, x > n // 2].min(1)  # a late fall shows as a low minimum here
+            print(f"  {'':>12}  per seed: final {', '.join(f'{v:.1f}' for v in curves[:, -1])}; "
+                  f"lowest after round {n // 2}: {', '.join(f'{v:.1f}' for v in late)}")
         ax.set(title=env_id, xlabel="round", ylabel="test return")
         ax.legend(fontsize=8)
     fig.tight_layout()

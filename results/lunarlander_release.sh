@@ -9,8 +9,8 @@
 #   paper's text and the *_sgd scripts: SGD at 5e-3);
 # - adam-reseed: both, the release's headline IIF runs, beside adam's standard PPO.
 # The released code's 100-round window needs no runs: analysis.py efficiency --rounds 100.
-# Resumable (see reproduce.sh); runs one at a time.
-#   [SEEDS="1 2 3"] bash results/lunarlander_release.sh
+# Resumable (see reproduce.sh); runs one at a time (two VARIANTS lists side by side use two cores).
+#   [VARIANTS="reseed adam adam-reseed"] [SEEDS="1 2 3"] bash results/lunarlander_release.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=results/lunarlander-release
@@ -22,15 +22,13 @@ run() {  # variant method seed [flags]
   RUNS="$out/$1" bash results/reproduce.sh $env "$2" "$3" $test "${@:4}" > "$out/$1.$2.$3.log" 2>&1 &&
     rm "$out/$1.$2.$3.log"
 }
-for s in ${SEEDS:-1 2 3}; do
-  run reseed influence "$s" --reseed-rounds
-  ln -sfn "../../runs/${env}__none__$s" "$out/reseed/${env}__none__$s"
-done
-for s in ${SEEDS:-1 2 3}; do
-  run adam none "$s" $adam
-  run adam influence "$s" $adam
-done
-for s in ${SEEDS:-1 2 3}; do
-  run adam-reseed influence "$s" $adam --reseed-rounds
-  ln -sfn "../adam/${env}__none__$s" "$out/adam-reseed/${env}__none__$s"
-done
+for v in ${VARIANTS:-reseed adam adam-reseed}; do for s in ${SEEDS:-1 2 3}; do
+  case $v in
+    reseed) run reseed influence "$s" --reseed-rounds
+      ln -sfn "../../runs/${env}__none__$s" "$out/reseed/${env}__none__$s" ;;
+    adam) run adam none "$s" $adam
+      run adam influence "$s" $adam ;;
+    adam-reseed) run adam-reseed influence "$s" $adam --reseed-rounds
+      ln -sfn "../adam/${env}__none__$s" "$out/adam-reseed/${env}__none__$s" ;;
+  esac
+done; done

@@ -148,6 +148,18 @@ def test_curves_and_efficiency_subcommands(frozenlake_runs, tmp_path):
     assert "| FrozenLake-v1 | IIF | -1 | 1 / 1, 1 / 1 | 0.0 % (2 of 2 seeds) |" in out  # every run reaches -1 in its first round
 
 
+def test_curves_print_each_seeds_final_and_late_lowest(tmp_path):
+    for seed, returns in ((1, [5, 1, 4, 3]), (2, [0, 2, 6, 7])):
+        os.makedirs(tmp_path / f"E__none__{seed}")
+        rows = [{k: 0.1 for k in iif.METRICS} | dict(round=k, test_return_mean=r) for k, r in enumerate(returns)]
+        with open(tmp_path / f"E__none__{seed}" / "metrics.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=iif.METRICS)
+            w.writeheader()
+            w.writerows(rows)
+    out = sh("analysis.py", "curves", "--runs", str(tmp_path), "--env", "E", "--out", str(tmp_path / "c.png"))
+    assert "per seed: final 3.0, 7.0; lowest after round 2: 3.0, 6.0" in out  # rounds 3 and 4
+
+
 def test_efficiency_on_the_first_rounds(tmp_path):
     runs = (("none", 1, [1, 2, 3, 4]), ("influence", 1, [2, 3, 3, 3]), ("none", 2, [1, 2, 3, 4]),
             ("influence", 2, [4, 4]))  # seed 2's IIF run is unfinished
