@@ -67,6 +67,15 @@ def load_runs(runs_dir, env_id):
     return runs
 
 
+def planned_rounds(runs_dir, env_id, label, seed, default):
+    """The rounds a run was started for (its config.json's num_rounds), else default."""
+    try:
+        with open(os.path.join(runs_dir, f"{env_id}__{label}__{seed}", "config.json")) as f:
+            return int(json.load(f)["num_rounds"])
+    except (OSError, KeyError, ValueError):
+        return default
+
+
 def label_order(label):
     """LABELS' labels first, in its order, then the others alphabetically"""
     return (label not in LABELS, list(LABELS).index(label) if label in LABELS else label)
@@ -120,7 +129,8 @@ def efficiency(std_rows, iif_rows, reading="records"):
     t_iif = np.cumsum([r["t_influence"] + r["t_optim"] for r in iif_rows])
     t_iif_peak = t_iif[m_iif[-1] - 1] if m_iif[-1] <= len(iif) else t_iif[-1]
     return dict(se_ave=float(np.mean(se)), se_peak=se[-1], rt_peak=1 - t_iif_peak / t_std[-1],
-                n_levels=len(levels), n_unreached=sum(mi > len(iif) for mi in m_iif))
+                n_levels=len(levels), n_unreached=sum(mi > len(iif) for mi in m_iif),
+                order=(sum(x > 0 for x in se), sum(x == 0 for x in se), sum(x < 0 for x in se)))
 
 
 def mean_ci(x):
@@ -175,7 +185,7 @@ def cmd_efficiency(args):
     head = " | ".join(f"SE_ave, {r}" for r in readings)
     print(f"| env | method | seeds | {head} | SE_peak | RT_peak | levels |")
     print("|---|---|---|" + "---|" * len(readings) + "---|---|---|")
-    breakdown, at, left_out = [], [], []
+    breakdown, at, left_out, order = [], [], [], []
     for env_id in args.env:
         runs = load_runs(args.runs, env_id)
         if args.rounds:
@@ -184,7 +194,10 @@ def cmd_efficiency(args):
             runs = {lb: {s: [row if (row["round"] + 1) % args.tested_every == 0
                              else {**row, "test_return_mean": math.nan} for row in rows]
                          for s, rows in r.items()} for lb, r in runs.items()}
-        seeds = sorted(set(runs["none"]) & set(runs[args.label]))
+        seeds = sorted(set(runs.get("none", {})) & set(runs.get(args.label, {})))
+        if not seeds:
+            left_out.append(f"{env_id}: no seed has both a standard ('none') and a '{args.label}' run")
+            continue
         n = max(len(runs[lb][s]) for lb in ("none", args.label) for s in seeds)
         unfinished = [s for s in seeds if min(len(runs["none"][s]), len(runs[args.label][s])) < n]
         if unfinished:  # a run still under way would be compared on fewer rounds
@@ -201,6 +214,9 @@ def cmd_efficiency(args):
         cells += [fmt_ci([r["se_peak"] for r in res]), fmt_ci([r["rt_peak"] for r in res])]
         levels = ", ".join(f"{r['n_levels']} ({r['n_unreached']})" for r in res)
         print(f"| {env_id} | {name} | {len(seeds)} | {' | '.join(cells)} | {levels} |")
+        first, tied, later = np.sum([r["order"] for r in res], axis=0)
+        order.append(f"{env_id}: of standard's {first + tied + later} record levels, {name} reached "
+                     f"{first} first, {tied} at the same round, {later} later")
         for v in args.at:  # seeds whose standard run never reaches v have no SE(v)
             m = []
             for s in seeds:
@@ -222,6 +238,8 @@ def cmd_efficiency(args):
             breakdown.append((env_id, LABELS.get(label, label), *means))
     if left_out:
         print("\n" + "\n".join(left_out))
+    if order:
+        print("\n" + "\n".join(order))
     if at:
         print(f"\nSE at chosen levels v (rounds to reach v, {name} / standard, per seed):\n")
         print("| env | method | v | m / m_std | SE(v) |")
@@ -330,7 +348,8 @@ def cmd_curves(args):
         colors = {lb: COLORS[lb] if lb in COLORS else next(others, None) for lb in labels}
         full = max(len(rows) for lb in labels for rows in runs[lb].values())
         for label in labels:
-            unfinished = [s for s, rows in runs[label].items() if len(rows) < full]
+            unfinished = [s for s, rows in runs[label].items()
+                          if len(rows) < planned_rounds(args.runs, env_id, label, s, full)]
             if unfinished:  # a run still going (or cut) would shorten every curve of its label
                 print(f"  {label}: seeds {', '.join(unfinished)} unfinished, left out")
                 runs[label] = {s: r for s, r in runs[label].items() if s not in unfinished}

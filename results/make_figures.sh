@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every figure and table under results/figures from the runs of results/reproduce.sh and the
-# diagnostics runs (docs/results.md); each command's printout is kept beside its figure.
+# diagnostics runs (docs/results.md); each command's printout is kept beside its figure. A figure
+# that needs round files (--save-rounds, not committed) is drawn only where they have been made.
 # An environment is drawn once all its runs (IIF, standard, random x 3 or 5 seeds) are complete.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,9 +20,11 @@ python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels influ
 for label in random adv-error adv-product td-weight; do
   python analysis.py efficiency --runs results/runs --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
 done > $F/efficiency_baselines_frozenlake.md
-python analysis.py bottom-records --run $D/FrozenLake-v1__none__1 --rounds 2 5 10 --out $F/bottom_records_frozenlake.png > $F/bottom_records_frozenlake.txt
-python analysis.py advantage-diagnosis --run $D/FrozenLake-v1__none__1 --round 5 --out $F/advantage_diagnosis_frozenlake.png > $F/advantage_diagnosis_frozenlake.txt
-python analysis.py intervention --run $D/FrozenLake-v1__none__{1,2,3} --every 2 --episodes 1000 --out $F/intervention_frozenlake.png > $F/intervention_frozenlake.txt
+if [ -d $D/FrozenLake-v1__none__3/rounds ]; then  # the round files of the --save-rounds runs (not committed)
+  python analysis.py bottom-records --run $D/FrozenLake-v1__none__1 --rounds 2 5 10 --out $F/bottom_records_frozenlake.png > $F/bottom_records_frozenlake.txt
+  python analysis.py advantage-diagnosis --run $D/FrozenLake-v1__none__1 --round 5 --out $F/advantage_diagnosis_frozenlake.png > $F/advantage_diagnosis_frozenlake.txt
+  python analysis.py intervention --run $D/FrozenLake-v1__none__{1,2,3} --every 2 --episodes 1000 --out $F/intervention_frozenlake.png > $F/intervention_frozenlake.txt
+fi
 python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels none p1 influence p0.25 p0.125 p0.0625 --out $F/curves_p_frozenlake.png > $F/curves_p_frozenlake.txt
 for label in p1 influence p0.25 p0.125 p0.0625; do
   python analysis.py efficiency --runs results/runs --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
@@ -29,13 +32,17 @@ done > $F/efficiency_p_frozenlake.md
 if complete Acrobot-v1 50; then
   python analysis.py curves --runs results/runs --env Acrobot-v1 --labels influence none random --out $F/curves_acrobot.png > $F/curves_acrobot.txt
   python analysis.py efficiency --runs results/runs --env Acrobot-v1 --at -400 -200 -150 -100 > $F/efficiency_acrobot.md
-  python analysis.py behavior-formation --run results/runs/Acrobot-v1__none__1 --out $F/behavior_formation_acrobot.png > $F/behavior_formation_acrobot.txt
-  python analysis.py intervention --run results/runs/Acrobot-v1__none__{1,2,3} --every 5 --episodes 100 --out $F/intervention_acrobot.png > $F/intervention_acrobot.txt
+  if [ -d results/runs/Acrobot-v1__none__3/rounds ]; then
+    python analysis.py behavior-formation --run results/runs/Acrobot-v1__none__1 --out $F/behavior_formation_acrobot.png > $F/behavior_formation_acrobot.txt
+    python analysis.py intervention --run results/runs/Acrobot-v1__none__{1,2,3} --every 5 --episodes 100 --out $F/intervention_acrobot.png > $F/intervention_acrobot.txt
+  fi
 fi
 if complete MiniGrid-Empty-8x8-v0 40; then
   python analysis.py curves --runs results/runs --env MiniGrid-Empty-8x8-v0 --labels influence none random --out $F/curves_minigrid.png > $F/curves_minigrid.txt
   python analysis.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --at 0.5 0.9 > $F/efficiency_minigrid.md
-  python analysis.py bottom-records --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 2 5 --n 8 --out $F/bottom_records_minigrid.png > $F/bottom_records_minigrid.txt
+  if [ -d results/runs/MiniGrid-Empty-8x8-v0__none__1/rounds ]; then
+    python analysis.py bottom-records --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 2 5 --n 8 --out $F/bottom_records_minigrid.png > $F/bottom_records_minigrid.txt
+  fi
   python analysis.py curves --runs results/runs --env MiniGrid-Empty-8x8-v0 --labels influence none adv-error adv-product --out $F/curves_baselines_minigrid.png > $F/curves_baselines_minigrid.txt
   for label in adv-error adv-product; do
     python analysis.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --label $label --at 0.5
@@ -47,7 +54,7 @@ if complete highway-v0 100; then  # on envpool
 fi
 if complete highway-v0 100; then  # what testing every 2nd, 5th, 10th round would have given
   for n in 1 2 5 10; do
-    echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env highway-v0 --tested-every $n | sed -n 5p
+    echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env highway-v0 --tested-every $n | sed -n '5p;/record levels,/p'
   done > $F/efficiency_highway_tested_every.md
 fi
 if S="1 2 3 4 5" complete LunarLander-v3 150; then  # bash results/fig6b.sh: tested every round
@@ -56,7 +63,7 @@ if S="1 2 3 4 5" complete LunarLander-v3 150; then  # bash results/fig6b.sh: tes
   python analysis.py efficiency --runs results/runs --env LunarLander-v3 --label random > $F/efficiency_random_lunarlander.md
   python analysis.py efficiency --runs results/runs --env LunarLander-v3 --rounds 100 > $F/efficiency_lunarlander_100.md
   for n in 1 2 5; do
-    echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env LunarLander-v3 --tested-every $n | sed -n 5p
+    echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env LunarLander-v3 --tested-every $n | sed -n '5p;/record levels,/p'
   done > $F/efficiency_lunarlander_tested_every.md
 fi
 for v in reseed adam adam-reseed; do  # bash results/lunarlander_release.sh; finished seeds only

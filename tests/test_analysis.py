@@ -174,6 +174,9 @@ def test_efficiency_on_the_first_rounds(tmp_path):
     out = sh(*cmd)  # SE(v) for v = 1, 2, 3, 4: 1 - 1/1, 1 - 1/2, 1 - 2/3, 1 - (4 + 1)/4
     assert "| E | IIF | 1 | 14.6 [14.6, 14.6] |" in out and "| 4 (1) |" in out
     assert "E: seed(s) 2 left out, unfinished" in out
+    assert "E: of standard's 4 record levels, IIF reached 2 first, 1 at the same round, 1 later" in out
+    out = sh(*cmd, "--label", "random")  # no such runs: said, not a traceback
+    assert "E: no seed has both a standard ('none') and a 'random' run" in out
     out = sh(*cmd, "--rounds", "2")  # v = 1, 2 only; every run holds 2 rounds
     assert "| E | IIF | 2 | 25.0 [25.0, 25.0] |" in out and "| 2 (0), 2 (0) |" in out
     out = sh(*cmd, "--tested-every", "2")  # rounds 1 and 3 tested: v = 2, 4, reached by IIF in 2, never
