@@ -196,7 +196,8 @@ def cmd_efficiency(args):
                          for s, rows in r.items()} for lb, r in runs.items()}
         seeds = sorted(set(runs.get("none", {})) & set(runs.get(args.label, {})))
         if not seeds:
-            left_out.append(f"{env_id}: no seed has both a standard ('none') and a '{args.label}' run")
+            left_out.append(f"{env_id}: no seed has both a standard ('none') and "
+                            f"a '{args.label}' run")
             continue
         n = max(len(runs[lb][s]) for lb in ("none", args.label) for s in seeds)
         unfinished = [s for s in seeds if min(len(runs["none"][s]), len(runs[args.label][s])) < n]
@@ -215,8 +216,8 @@ def cmd_efficiency(args):
         levels = ", ".join(f"{r['n_levels']} ({r['n_unreached']})" for r in res)
         print(f"| {env_id} | {name} | {len(seeds)} | {' | '.join(cells)} | {levels} |")
         first, tied, later = np.sum([r["order"] for r in res], axis=0)
-        order.append(f"{env_id}: of standard's {first + tied + later} record levels, {name} reached "
-                     f"{first} first, {tied} at the same round, {later} later")
+        order.append(f"{env_id}: of standard's {first + tied + later} record levels, {name} "
+                     f"reached {first} first, {tied} at the same round, {later} later")
         for v in args.at:  # seeds whose standard run never reaches v have no SE(v)
             m = []
             for s in seeds:

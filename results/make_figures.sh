@@ -66,7 +66,7 @@ if S="1 2 3 4 5" complete LunarLander-v3 150; then  # bash results/fig6b.sh: tes
     echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env LunarLander-v3 --tested-every $n | sed -n '5p;/record levels,/p'
   done > $F/efficiency_lunarlander_tested_every.md
 fi
-for v in reseed adam adam-reseed; do  # bash results/lunarlander_release.sh; finished seeds only
+for v in preset reseed adam adam-reseed; do  # bash results/lunarlander_release.sh; finished seeds only
   if [ -f results/lunarlander-release/$v/LunarLander-v3__influence__1/metrics.csv ]; then
     echo "## $v"; python analysis.py efficiency --runs results/lunarlander-release/$v --env LunarLander-v3 --at 0 100 200
   fi
