@@ -148,14 +148,19 @@ def test_curves_and_efficiency_subcommands(frozenlake_runs, tmp_path):
     assert "| FrozenLake-v1 | IIF | -1 | 1 / 1, 1 / 1 | 0.0 % (2 of 2 seeds) |" in out  # every run reaches -1 in its first round
 
 
+def write_run(runs, label, seed, returns):
+    """<runs>/E__<label>__<seed>/metrics.csv with these test returns (0.1 in every other column)"""
+    os.makedirs(runs / f"E__{label}__{seed}")
+    rows = [{k: 0.1 for k in iif.METRICS} | dict(round=k, test_return_mean=r) for k, r in enumerate(returns)]
+    with open(runs / f"E__{label}__{seed}" / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=iif.METRICS)
+        w.writeheader()
+        w.writerows(rows)
+
+
 def test_curves_print_each_seeds_final_and_late_lowest(tmp_path):
     for seed, returns in ((1, [5, 1, 4, 3]), (2, [0, 2, 6, 7])):
-        os.makedirs(tmp_path / f"E__none__{seed}")
-        rows = [{k: 0.1 for k in iif.METRICS} | dict(round=k, test_return_mean=r) for k, r in enumerate(returns)]
-        with open(tmp_path / f"E__none__{seed}" / "metrics.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=iif.METRICS)
-            w.writeheader()
-            w.writerows(rows)
+        write_run(tmp_path, "none", seed, returns)
     out = sh("analysis.py", "curves", "--runs", str(tmp_path), "--env", "E", "--out", str(tmp_path / "c.png"))
     assert "per seed: final 3.0, 7.0; lowest after round 2: 3.0, 6.0" in out  # rounds 3 and 4
 
@@ -164,12 +169,7 @@ def test_efficiency_on_the_first_rounds(tmp_path):
     runs = (("none", 1, [1, 2, 3, 4]), ("influence", 1, [2, 3, 3, 3]), ("none", 2, [1, 2, 3, 4]),
             ("influence", 2, [4, 4]))  # seed 2's IIF run is unfinished
     for label, seed, returns in runs:
-        os.makedirs(tmp_path / f"E__{label}__{seed}")
-        rows = [{k: 0.1 for k in iif.METRICS} | dict(round=k, test_return_mean=r) for k, r in enumerate(returns)]
-        with open(tmp_path / f"E__{label}__{seed}" / "metrics.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=iif.METRICS)
-            w.writeheader()
-            w.writerows(rows)
+        write_run(tmp_path, label, seed, returns)
     cmd = ("analysis.py", "efficiency", "--runs", str(tmp_path), "--env", "E", "--levels", "records")
     out = sh(*cmd)  # SE(v) for v = 1, 2, 3, 4: 1 - 1/1, 1 - 1/2, 1 - 2/3, 1 - (4 + 1)/4
     assert "| E | IIF | 1 | 14.6 [14.6, 14.6] |" in out and "| 4 (1) |" in out
