@@ -11,7 +11,7 @@
 # - preset: links to the same seeds of results/runs (SGD 5e-3, episodes run on), for comparison.
 # The released code's 100-round window needs no runs: analysis.py efficiency --rounds 100.
 # Resumable (see reproduce.sh); runs one at a time (two VARIANTS lists side by side use two cores).
-#   [VARIANTS="reseed adam adam-reseed"] [SEEDS="1 2 3"] bash results/lunarlander_release.sh
+#   [VARIANTS="reseed adam adam-reseed"] [SEEDS="1 2 3 4 5"] bash results/lunarlander_release.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=results/lunarlander-release
@@ -23,11 +23,11 @@ run() {  # variant method seed [flags]
   RUNS="$out/$1" bash results/reproduce.sh $env "$2" "$3" $test "${@:4}" > "$out/$1.$2.$3.log" 2>&1 &&
     rm "$out/$1.$2.$3.log"
 }
-for s in ${SEEDS:-1 2 3}; do  # the preset's runs of the same seeds, for the table beside these
+for s in ${SEEDS:-1 2 3 4 5}; do  # the preset's runs of the same seeds, for the table beside these
   mkdir -p "$out/preset"
   for m in none influence; do ln -sfn "../../runs/${env}__${m}__$s" "$out/preset/${env}__${m}__$s"; done
 done
-for v in ${VARIANTS:-reseed adam adam-reseed}; do for s in ${SEEDS:-1 2 3}; do
+for v in ${VARIANTS:-reseed adam adam-reseed}; do for s in ${SEEDS:-1 2 3 4 5}; do
   case $v in
     reseed) run reseed influence "$s" --reseed-rounds
       ln -sfn "../../runs/${env}__none__$s" "$out/reseed/${env}__none__$s" ;;

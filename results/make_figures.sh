@@ -69,6 +69,10 @@ fi
 for v in preset reseed adam adam-reseed; do  # bash results/lunarlander_release.sh; finished seeds only
   if [ -f results/lunarlander-release/$v/LunarLander-v3__influence__1/metrics.csv ]; then
     echo "## $v"; python analysis.py efficiency --runs results/lunarlander-release/$v --env LunarLander-v3 --at 0 100 200
+    python analysis.py curves --runs results/lunarlander-release/$v --env LunarLander-v3 --labels influence none \
+      --out $F/curves_lunarlander_release_$v.png | sed '$d'  # the final returns; drop "wrote ..."
+    echo "first 100 rounds (the release's window):"
+    python analysis.py efficiency --runs results/lunarlander-release/$v --env LunarLander-v3 --rounds 100 | sed -n 5p
   fi
 done > $F/efficiency_lunarlander_release.md
 if [ -f results/highway-noclip/highway-v0__random__5/metrics.csv ]; then  # highway-v0 without gradient clipping
