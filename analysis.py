@@ -168,8 +168,8 @@ class Efficiency:
     """compare the first N rounds of each run only (0: all; the released code's LunarLander
     comparison window is 100)"""
     tested_every: int = 1
-    """read the test returns of every N-th round only (rounds N-1, 2N-1, ...), as if the runs had
-    been made with --eval-every N: what testing less often does to the numbers"""
+    """read the test returns of every N-th round only (rounds N-1, 2N-1, ...), as if tested with
+    --eval-every N but trained alike: what testing less often does to the numbers"""
 
 
 def cmd_efficiency(args):

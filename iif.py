@@ -158,7 +158,8 @@ class Args:
     resume: bool = False
     """continue <runs-dir>/<run-name> after its last finished round (checkpoint.pt), same flags"""
     eval_every: int = 1
-    """test after every N-th round only (rounds N-1, 2N-1, ...; the others leave the test empty)"""
+    """test after every N-th round only (rounds N-1, 2N-1, ...; the others leave the test empty).
+    Test episodes sample from the training's torch RNG, so N also changes the rounds after a test"""
     threads: int = 1
     """torch CPU threads (small networks run fastest on one), and envpool's threads"""
     env_backend: Literal["auto", "gymnasium", "envpool"] = "auto"
