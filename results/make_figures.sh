@@ -93,19 +93,26 @@ fi
 if R=results/coarse complete BipedalWalker-v3 500; then  # 3 seeds tested every 10th round, on envpool
   python analysis.py curves --runs results/coarse --env BipedalWalker-v3 --labels influence none random --out $F/curves_bipedalwalker_coarse.png > $F/curves_bipedalwalker_coarse.txt
   python analysis.py efficiency --runs results/coarse --env BipedalWalker-v3 --at 0 100 200 > $F/efficiency_bipedalwalker_coarse.md
+  python analysis.py efficiency --runs results/coarse --env BipedalWalker-v3 --label random > $F/efficiency_random_bipedalwalker_coarse.md
+  R=results/coarse bash results/null_efficiency.sh BipedalWalker-v3=3 > $F/efficiency_null_bipedalwalker_coarse.md
 fi
 if S="1 2 3 4 5" complete BipedalWalker-v3 500; then  # bash results/fig6b.sh: tested every 2nd round
   python analysis.py curves --runs results/runs --env BipedalWalker-v3 --labels influence none random --out $F/curves_bipedalwalker.png > $F/curves_bipedalwalker.txt
   python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --at 0 100 200 > $F/efficiency_bipedalwalker.md
   python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --label random > $F/efficiency_random_bipedalwalker.md
+  for n in 2 10; do  # read every 10th round, as the results/coarse runs were tested
+    echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --tested-every $n | sed -n '5p;/record levels,/p'
+  done > $F/efficiency_bipedalwalker_tested_every.md
 fi
-envs=""  # Fig. 6(b): every environment whose runs (env=rounds=seeds) are complete
+envs="" null=""  # Fig. 6(b): every environment whose runs (env=rounds=seeds) are complete
 for e in FrozenLake-v1=50=3 Acrobot-v1=50=3 MiniGrid-Empty-8x8-v0=40=3 highway-v0=100=5 LunarLander-v3=150=5 \
   BipedalWalker-v3=500=5; do
   IFS== read -r env rounds n <<< "$e"
-  if S="$(seq -s ' ' "$n")" complete "$env" "$rounds"; then envs="$envs $env"; fi
+  if S="$(seq -s ' ' "$n")" complete "$env" "$rounds"; then envs="$envs $env"; null="$null $env=$n"; fi
 done
 python analysis.py efficiency --runs results/runs --env $envs > $F/efficiency_all.md
+python analysis.py efficiency --runs results/runs --env $envs --label random > $F/efficiency_random_all.md
+bash results/null_efficiency.sh $null > $F/efficiency_null.md  # the noise floor
 if [ -f results/backends/highway-v0__influence-gymnasium__1/metrics.csv ]; then  # bash results/backends.sh
   python analysis.py curves --runs results/backends --env Acrobot-v1 highway-v0 --out $F/backends.png > $F/backends.txt
 fi
