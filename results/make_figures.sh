@@ -96,7 +96,8 @@ if R=results/coarse complete BipedalWalker-v3 500; then  # 3 seeds tested every 
   python analysis.py efficiency --runs results/coarse --env BipedalWalker-v3 --label random > $F/efficiency_random_bipedalwalker_coarse.md
   R=results/coarse bash results/null_efficiency.sh BipedalWalker-v3=3 > $F/efficiency_null_bipedalwalker_coarse.md
 fi
-if S="1 2 3 4 5" complete BipedalWalker-v3 500; then  # bash results/fig6b.sh: tested every 2nd round
+if S="1 2 3 4 5" complete BipedalWalker-v3 500 influence none; then  # bash results/fig6b.sh: tested every 2nd round
+  # (random filtering: its finished seeds; analysis.py names those left out)
   python analysis.py curves --runs results/runs --env BipedalWalker-v3 --labels influence none random --out $F/curves_bipedalwalker.png > $F/curves_bipedalwalker.txt
   python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --at 0 100 200 > $F/efficiency_bipedalwalker.md
   python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --label random > $F/efficiency_random_bipedalwalker.md
@@ -104,11 +105,11 @@ if S="1 2 3 4 5" complete BipedalWalker-v3 500; then  # bash results/fig6b.sh: t
     echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --tested-every $n | sed -n '5p;/record levels,/p'
   done > $F/efficiency_bipedalwalker_tested_every.md
 fi
-envs="" null=""  # Fig. 6(b): every environment whose runs (env=rounds=seeds) are complete
+envs="" null=""  # Fig. 6(b): every environment whose IIF and standard runs (env=rounds=seeds) are complete
 for e in FrozenLake-v1=50=3 Acrobot-v1=50=3 MiniGrid-Empty-8x8-v0=40=3 highway-v0=100=5 LunarLander-v3=150=5 \
   BipedalWalker-v3=500=5; do
   IFS== read -r env rounds n <<< "$e"
-  if S="$(seq -s ' ' "$n")" complete "$env" "$rounds"; then envs="$envs $env"; null="$null $env=$n"; fi
+  if S="$(seq -s ' ' "$n")" complete "$env" "$rounds" influence none; then envs="$envs $env"; null="$null $env=$n"; fi
 done
 python analysis.py efficiency --runs results/runs --env $envs > $F/efficiency_all.md
 python analysis.py efficiency --runs results/runs --env $envs --label random > $F/efficiency_random_all.md
