@@ -99,11 +99,28 @@ fi
 if S="1 2 3 4 5" complete BipedalWalker-v3 500 influence none; then  # bash results/fig6b.sh: tested every 2nd round
   # (random filtering: its finished seeds; analysis.py names those left out)
   python analysis.py curves --runs results/runs --env BipedalWalker-v3 --labels influence none random --out $F/curves_bipedalwalker.png > $F/curves_bipedalwalker.txt
-  python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --at 0 100 200 > $F/efficiency_bipedalwalker.md
-  python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --label random > $F/efficiency_random_bipedalwalker.md
+  python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --at -50 0 50 100 150 200 250 > $F/efficiency_bipedalwalker.md
+  python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --label random --at -50 0 50 100 150 200 250 > $F/efficiency_random_bipedalwalker.md
+  python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --rounds 250 > $F/efficiency_bipedalwalker_250.md  # the climb
+  # how far a round moves the policy, IIF against standard PPO, on the Fig. 6(b) runs that log it
+  python analysis.py ablation --runs results --variants runs --env highway-v0 LunarLander-v3 BipedalWalker-v3 \
+    --complete highway-v0=100 LunarLander-v3=150 BipedalWalker-v3=500 > $F/kl_fig6b.md
   for n in 2 10; do  # read every 10th round, as the results/coarse runs were tested
     echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --tested-every $n | sed -n '5p;/record levels,/p'
   done > $F/efficiency_bipedalwalker_tested_every.md
+fi
+if S="6 7 8 9 10" R=results/bipedalwalker-climb complete BipedalWalker-v3 250 influence none; then
+  # bash results/bipedalwalker_climb.sh: its 5 seeds beside results/runs' seeds 1-5, first 250 rounds
+  tmp=$(mktemp -d)
+  ln -s "$PWD"/results/runs/BipedalWalker-v3__{none,influence}__[1-5] "$PWD"/results/bipedalwalker-climb/BipedalWalker-v3__* "$tmp"
+  { echo "## seeds 1-10, first 250 rounds"
+    python analysis.py efficiency --runs "$tmp" --env BipedalWalker-v3 --rounds 250 --at -50 0 50 100 150 200
+    echo; echo "## seeds 6-10 (results/bipedalwalker-climb)"
+    python analysis.py efficiency --runs results/bipedalwalker-climb --env BipedalWalker-v3 --at -50 0 50 100 150 200
+  } > $F/efficiency_bipedalwalker_climb.md
+  rm -r "$tmp"
+  python analysis.py curves --runs results/bipedalwalker-climb --env BipedalWalker-v3 --labels influence none \
+    --out $F/curves_bipedalwalker_climb.png > $F/curves_bipedalwalker_climb.txt
 fi
 envs="" null=""  # Fig. 6(b): every environment whose IIF and standard runs (env=rounds=seeds) are complete
 for e in FrozenLake-v1=50=3 Acrobot-v1=50=3 MiniGrid-Empty-8x8-v0=40=3 highway-v0=100=5 LunarLander-v3=150=5 \
