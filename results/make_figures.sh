@@ -110,7 +110,7 @@ if S="1 2 3 4 5" complete BipedalWalker-v3 500 influence none; then  # bash resu
   done > $F/efficiency_bipedalwalker_tested_every.md
 fi
 if S="6 7 8 9 10" R=results/bipedalwalker-climb complete BipedalWalker-v3 250 influence none; then
-  # bash results/bipedalwalker_climb.sh: its 5 seeds beside results/runs' seeds 1-5, first 250 rounds
+  # BipedalWalker's climb (results/fig6b.sh with RUNS=results/bipedalwalker-climb): seeds 6-10 beside seeds 1-5, first 250 rounds
   tmp=$(mktemp -d)
   ln -s "$PWD"/results/runs/BipedalWalker-v3__{none,influence}__[1-5] "$PWD"/results/bipedalwalker-climb/BipedalWalker-v3__* "$tmp"
   { echo "## seeds 1-10, first 250 rounds"
