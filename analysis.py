@@ -25,6 +25,7 @@ import json
 import math
 import os
 from collections import defaultdict
+import dataclasses
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Literal, Optional
@@ -39,6 +40,7 @@ import torch  # noqa: E402
 import tyro  # noqa: E402
 
 import iif  # noqa: E402
+import iif_variants as variants  # noqa: E402
 
 LABELS = {"influence": "IIF", "none": "Standard", "random": "Random", "f_return": "IIF (f_return)"}
 COLORS = {"influence": "tab:red", "none": "tab:blue", "random": "tab:gray",
@@ -269,6 +271,8 @@ class Ablation:
     complete: tuple[str, ...] = ()
     """ENV=ROUNDS: count only seeds whose two runs hold this many rounds (unfinished runs are
     skipped)"""
+    seeds: tuple[str, ...] = ()
+    """only these seeds (default: every seed with a standard and an IIF run)"""
 
 
 def cmd_ablation(args):
@@ -289,6 +293,8 @@ def cmd_ablation(args):
             if glob.glob(os.path.join(path, f"{env_id}__*", "metrics.csv")):
                 runs = load_runs(path, env_id)
             seeds = sorted(set(runs.get("none", {})) & set(runs.get("influence", {})))
+            if args.seeds:
+                seeds = [s for s in seeds if s in args.seeds]
             if env_id in rounds:
                 seeds = [s for s in seeds
                          if len(runs["none"][s]) == len(runs["influence"][s]) == rounds[env_id]]
@@ -491,15 +497,21 @@ def load_round(run_dir, k):
 
 
 def load_config(run_dir):
+    """A run's config.json with every flag of iif_variants.py."""
     with open(os.path.join(run_dir, "config.json")) as f:
         config = json.load(f)
-    # runs made before these flags existed used what are now their values below
-    config.setdefault("adv_norm", "buffer" if config.pop("norm_adv", True) else "none")
-    config.setdefault("influence_loss", "full")
+    if "norm_adv" in config:  # runs made before these flags existed used the values below
+        config["adv_norm"] = "buffer" if config.pop("norm_adv") else "none"
+        config.setdefault("influence_loss", "full")
+        config.setdefault("target_adv", "normalized" if config["adv_norm"] == "buffer" else "raw")
     config.setdefault("env_backend", "gymnasium")
-    config.setdefault("target_adv", "normalized" if config["adv_norm"] == "buffer" else "raw")
-    for key, value in iif.ADDED_FLAGS.items():
+    for key, value in variants.ADDED_FLAGS.items():
         config.setdefault(key, value)
+    # iif.py writes its own flags only: the others take iif_variants.py's defaults, its behaviour
+    for field in dataclasses.fields(variants.Args):
+        if field.default is not dataclasses.MISSING:
+            config.setdefault(field.name, field.default)
+    config.setdefault("env_kwargs", iif.PRESETS.get(config["env_id"], {}).get("env_kwargs", {}))
     return config
 
 
@@ -646,7 +658,7 @@ def cmd_dropped(args):
         agent = agent_for(config, b["state_dict"])
         adv = raw_advantages(b)
         weights = torch.as_tensor(adv if config["target_adv"] == "raw" else iif.normalize(adv))
-        agreement = iif.target_agreement(agent, (b["obs"], b["actions"], weights))
+        agreement = iif.target_agreement(agent, dict(b, advantages=weights))
         drop = ~b["kept"].numpy()
         success = episode_returns(b) > 0
         row = metrics[k]
@@ -708,10 +720,10 @@ def cmd_rescore(args):
         for cfg in cfgs:
             weights = torch.as_tensor(adv if cfg.target_adv == "raw" else iif.normalize(adv))
             target = (b["obs"], b["actions"], weights)
-            scores.append(iif.influence(agent, b, torch.arange(len(adv)), target, cfg,
-                                        iif.scoring_advantages(b, cfg)))
-            kept, _ = iif.filter_records(scores[-1], "influence", cfg.filter_p, None,
-                                         cfg.filter_ties)
+            scores.append(variants.influence(agent, b, torch.arange(len(adv)), target, cfg,
+                                             variants.scoring_advantages(b, cfg)))
+            kept, _ = variants.filter_records(scores[-1], "influence", cfg.filter_p, None,
+                                              cfg.filter_ties)
             drops.append(set(torch.nonzero(~kept)[:, 0].tolist()))
         err = float((scores[0] - b["influence"]).abs().max() / b["influence"].abs().max())
         rhos.append(spearman(scores[0].numpy(), scores[1].numpy()))
@@ -762,7 +774,7 @@ def cmd_advantage_diagnosis(args):
     actions = b["actions"].numpy()
     # App. C.4: the Monte-Carlo advantage A_mc from the buffer's own episodes, (steps, envs) arrays
     columns = (states, actions, b["rewards"].numpy(), b["dones"].numpy())
-    a_mc = iif.mc_advantage(*(x.reshape(-1, config["num_envs"]) for x in columns), config["gamma"])
+    a_mc = variants.mc_advantage(*(x.reshape(-1, config["num_envs"]) for x in columns), config["gamma"])
     a_mc = a_mc.ravel()
     a_hat = raw_advantages(b)
     score = b["influence"].numpy()
@@ -824,7 +836,7 @@ def roughness(emb, scores, u):
 
 
 def agent_for(config, state_dict):
-    env = iif.make_env(config["env_id"], config["env_kwargs"])()
+    env = iif.make_env(config["env_id"])()
     agent = iif.Agent(env.observation_space, env.action_space)
     env.close()
     agent.load_state_dict(state_dict)
@@ -896,8 +908,8 @@ def cmd_behavior_formation(args):
             pis.append(agent(s_star, a_star, critic=False)[0].exp().item())
         # Sec. 4.2: influence on the target f_action = log pi(a*|s*)
         target = (s_star, a_star, torch.ones(1))
-        scores = iif.influence(agent, b, torch.arange(len(b["advantages"])), target, cfg,
-                               iif.scoring_advantages(b, cfg))
+        scores = variants.influence(agent, b, torch.arange(len(b["advantages"])), target, cfg,
+                                    variants.scoring_advantages(b, cfg))
         top = torch.nonzero(scores > 0).flatten()
         rough.append(float("nan"))
         if len(top) > args.neighbours:
@@ -930,7 +942,7 @@ def retrain(config, b, kept, seed, rng=None, start=None):
     optimizer = iif.make_optimizer(agent, cfg)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed) if rng is None else rng
-    iif.ppo_update(agent, optimizer, b, torch.nonzero(kept).flatten(), cfg, rng)
+    variants.ppo_update(agent, optimizer, b, torch.nonzero(kept).flatten(), cfg, rng)
     return agent
 
 
@@ -941,7 +953,7 @@ def retrain_and_test(config, b, kept, seed, eval_envs, episodes):
 
 def make_test_envs(config, episodes):
     """Synchronous test environments for a run's config"""
-    return iif.make_vec(SimpleNamespace(**{**config, "async_envs": False}), min(16, episodes))
+    return variants.make_vec(SimpleNamespace(**{**config, "async_envs": False}), min(16, episodes))
 
 
 @dataclass
@@ -968,7 +980,7 @@ def cmd_intervention(args):
             full = torch.ones(len(scores), dtype=torch.bool)
             no_negative = scores >= 0
             gen = torch.Generator().manual_seed(k)
-            random_drop, _ = iif.filter_records(scores, "random", 1.0, gen)
+            random_drop, _ = variants.filter_records(scores, "random", 1.0, gen)
             base = retrain_and_test(config, b, full, k, eval_envs, args.episodes)
             r_iif = retrain_and_test(config, b, no_negative, k, eval_envs, args.episodes)
             deltas[k]["IIF"].append(r_iif - base)
@@ -1013,7 +1025,7 @@ def f_return(agent, b, config):
     weights = raw if config["target_adv"] == "raw" else iif.normalize(raw)
     params = dict(agent.named_parameters())
     with torch.no_grad():
-        return iif.target_fn(agent, params, b["obs"], b["actions"], weights).item()
+        return iif.f_return(agent, params, b["obs"], b["actions"], weights).item()
 
 
 def update_scale(config):
@@ -1080,8 +1092,8 @@ def group_check(config, b, k, f_full):
     snapshot scores of the dropped records and the actual change of f_return when the round is
     retrained without them."""
     scores = b["influence"]
-    kept, _ = iif.filter_records(scores, "influence", config["filter_p"], None,
-                                 ties=config["filter_ties"])
+    kept, _ = variants.filter_records(scores, "influence", config["filter_p"], None,
+                                      ties=config["filter_ties"])
     dropped = float(scores[~kept].double().sum())
     return dict(n_dropped=int((~kept).sum()), dropped_sum=dropped,
                 actual=f_return(retrain(config, b, kept, k), b, config) - f_full)

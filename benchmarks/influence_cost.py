@@ -11,6 +11,7 @@ Medians over rounds and repeats; ratios, not seconds, are the result.
 """
 import argparse
 import copy
+import csv
 import os
 import statistics
 import sys
@@ -36,16 +37,15 @@ def timed(fn, repeats=7):
 
 
 def per_record_loop(agent, b, target, args, adv):
-    """The naive reference: one autograd backward per record, of the loss iif.py scores with
-    (--influence-loss policy leaves the value term out) at the advantages it scores with."""
-    vf_coef = 0.0 if args.influence_loss == "policy" else args.vf_coef
+    """The naive reference: one autograd backward per record, of the loss iif.py scores with (its policy terms)
+    at the advantages it scores with."""
     params = dict(agent.named_parameters())
-    g = torch.autograd.grad(iif.target_fn(agent, params, *target), list(params.values()), allow_unused=True)
+    g = torch.autograd.grad(iif.f_return(agent, params, *target), list(params.values()), allow_unused=True)
     g = torch.cat([(torch.zeros_like(p) if x is None else x).flatten() for p, x in zip(params.values(), g)])
     out = []
     for i in range(len(b["advantages"])):
         i = torch.tensor([i])
-        gi = torch.autograd.grad(iif.ppo_losses(agent, b, i, args, params, adv[i], vf_coef).sum(),
+        gi = torch.autograd.grad(iif.ppo_losses(agent, b, i, args, params, adv[i], 0.0).sum(),
                                  list(params.values()), allow_unused=True)
         gi = torch.cat([(torch.zeros_like(p) if x is None else x).flatten() for p, x in zip(params.values(), gi)])
         out.append(-(g @ gi))
@@ -58,10 +58,10 @@ def bench(name, env_id, rounds, runs_dir):
         "--eval-episodes", "1", "--runs-dir", runs_dir, "--run-name", env_id]))
     iif.main(args)
     with open(os.path.join(runs_dir, env_id, "metrics.csv")) as f:
-        rows = list(iif.csv.DictReader(f))[1:]  # round 0 pays one-off warm-up costs
+        rows = list(csv.DictReader(f))[1:]  # round 0 pays one-off warm-up costs
     med = {key: statistics.median(float(r[key]) for r in rows) for key in ("t_rollout", "t_influence", "t_optim")}
 
-    env = iif.make_env(env_id, args.env_kwargs)()
+    env = iif.make_env(env_id)()
     agent = iif.Agent(env.observation_space, env.action_space)
     fwd_bwd, infl, loop, errors = [], [], [], []
     for k in range(rounds):
@@ -75,8 +75,8 @@ def bench(name, env_id, rounds, runs_dir):
             iif.ppo_losses(agent, b, idx, args).mean().backward()
 
         fwd_bwd.append(timed(forward_backward))
-        adv = iif.scoring_advantages(b, args)  # as iif.py's Stage II scores
-        infl.append(timed(lambda: iif.influence(agent, b, idx, target, args, adv)))
+        adv = iif.normalize(b["advantages"])  # as iif.py's Stage II scores
+        infl.append(timed(lambda: iif.influence(agent, b, args)))
         if k == rounds - 1:
             t0 = time.perf_counter()
             per_record_loop(agent, b, target, args, adv)
@@ -84,17 +84,15 @@ def bench(name, env_id, rounds, runs_dir):
             agent64 = copy.deepcopy(agent).double()
             b64 = {key: v.double() if torch.is_tensor(v) and v.is_floating_point() else v for key, v in b.items()}
             target64 = (b64["obs"], b64["actions"], b64["advantages"])
-            adv64 = iif.scoring_advantages(b64, args)
-            ref = per_record_loop(agent64, b64, target64, args, adv64)
-            ours = iif.influence(agent64, b64, idx, target64, args, adv64)
+            ref = per_record_loop(agent64, b64, target64, args, iif.normalize(b64["advantages"]))
+            ours = iif.influence(agent64, b64, args)
             errors.append(((ours - ref).abs().max() / ref.abs().max()).item())
     f_b, inf = statistics.median(fwd_bwd), statistics.median(infl)
     return dict(network=name, env=env_id, records=len(idx),
                 round_s=med["t_rollout"] + med["t_optim"], optim_s=med["t_optim"], infl_run_s=med["t_influence"],
                 infl_of_round=med["t_influence"] / (med["t_rollout"] + med["t_optim"]),
                 infl_of_optim=med["t_influence"] / med["t_optim"], infl_over_fwd_bwd=inf / f_b,
-                loop_over_optim=loop[0] / med["t_optim"], loop_over_infl=loop[0] / inf, rel_error=max(errors),
-                influence_loss=args.influence_loss)
+                loop_over_optim=loop[0] / med["t_optim"], loop_over_infl=loop[0] / inf, rel_error=max(errors))
 
 
 if __name__ == "__main__":
@@ -113,5 +111,5 @@ if __name__ == "__main__":
               f"{r['infl_over_fwd_bwd']:.2f} x | {r['loop_over_optim']:.2f} x | {r['loop_over_infl']:.0f} x | "
               f"{r['rel_error']:.1e} |")
     print("\nPPO round = rollout + optimisation of standard PPO (evaluation excluded); medians over rounds 1.., "
-          f"{cli.rounds} rounds of 2048 records; torch threads: 1; each preset's scoring flags "
-          f"(--influence-loss {results[0]['influence_loss']}, advantages as Stage II scores them).")
+          f"{cli.rounds} rounds of 2048 records; torch threads: 1; iif.py's scoring (policy terms of l_i, "
+          "advantages normalised over the buffer).")

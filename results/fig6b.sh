@@ -5,7 +5,7 @@
 # 45 min a run); BipedalWalker: 100 every 2nd round (every round would cost 2.8 h a run of test
 # episodes alone). highway-v0's preset already tests 100 episodes every round (reproduce.sh).
 # Runs go to $RUNS/<env>__<method>__<seed>/ (RUNS defaults to results/runs), seed by seed;
-# resumable (see reproduce.sh); JOBS in parallel (default 1); FLAGS are added to every iif.py call.
+# resumable (see reproduce.sh); JOBS in parallel (default 1); FLAGS are added to every iif_variants.py call.
 # The earlier 3-seed runs, tested every 5th (LunarLander) or 10th (BipedalWalker) round, are in
 # results/coarse/.
 #   [SEEDS="1 2 3 4 5"] [ENVS="..."] [METHODS="none influence random"] [JOBS=1] [RUNS=...] [FLAGS=...] bash results/fig6b.sh

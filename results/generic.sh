@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The generic-defaults ablation (docs/results.md, "Environments outside the paper"): standard PPO,
-# IIF and random filtering through iif.py's generic path (no preset: Adam 3e-4) on four
-# environments outside the paper's six, under each recipe. Runs go to
+# IIF and random filtering with the generic defaults (no preset: Adam 3e-4) on four environments
+# outside the paper's six, under each recipe. Runs go to
 # results/generic/<recipe>/<env>__<method>__<seed>/; where a recipe changes only what is dropped,
 # its "none" runs are links to the base recipe's. Resumable (see reproduce.sh); JOBS runs in
 # parallel (default 2).
@@ -9,13 +9,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export G=results/generic
-flags() {  # recipe -> iif.py flags, every one set explicitly (the runs do not follow later defaults)
+flags() {  # recipe -> iif_variants.py flags, every one set explicitly (the runs do not follow later defaults)
   local base="--optimizer adam --learning-rate 3e-4 --max-grad-norm 0 --adv-norm minibatch --target-adv raw
     --influence-loss policy --filter-ties keep --influence-precond none --target-kl 0 --filter-p 0.5 --score-log-std"
   case $1 in
-    base) echo "$base --min-agreement -1" ;;  # iif.py's generic defaults before the agreement guard
-    guard0.2) echo "$base --min-agreement 0.2" ;;  # a looser guard, tried first
-    guard) echo "$base --min-agreement 0.5" ;;  # the generic defaults now
+    base) echo "$base --min-agreement -1" ;;  # the generic defaults without the agreement guard
+    guard0.2) echo "$base --min-agreement 0.2" ;;  # a looser guard
+    guard) echo "$base --min-agreement 0.5" ;;  # the generic defaults
     adam-precond) echo "$base --min-agreement -1 --influence-precond adam" ;;
     target-normalized) echo "$base --min-agreement -1 --target-adv normalized" ;;
     p0.125) echo "$base --min-agreement -1 --filter-p 0.125" ;;

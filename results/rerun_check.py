@@ -1,4 +1,4 @@
-"""Reruns the first rounds of committed runs with today's iif.py and compares their metrics.csv
+"""Reruns the first rounds of committed runs with today's iif_variants.py and compares their metrics.csv
 (every column but the t_* timings) with the committed one: the same seed must give the same rows.
     python results/rerun_check.py results/runs/FrozenLake-v1__influence__1 --rounds 50
 """
@@ -13,7 +13,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 import analysis  # noqa: E402
-import iif  # noqa: E402
+import iif_variants as variants  # noqa: E402
 
 
 def rows(path, n):
@@ -29,13 +29,13 @@ torch.distributions.Distribution.set_default_validate_args(False)
 failed = 0
 for run in a.runs:
     config = analysis.load_config(run)
-    flags = {f.name: config[f.name] for f in dataclasses.fields(iif.Args)
-             if f.name in config and f.name not in iif.NOT_COMPARED}
+    flags = {f.name: config[f.name] for f in dataclasses.fields(variants.Args)
+             if f.name in config and f.name not in variants.NOT_COMPARED}
     n = min(a.rounds, len(rows(os.path.join(run, "metrics.csv"), 10**9)))
     with tempfile.TemporaryDirectory() as tmp:
-        args = iif.Args(**{**flags, "runs_dir": tmp, "run_name": "rerun"})
+        args = variants.Args(**{**flags, "runs_dir": tmp, "run_name": "rerun"})
         args.total_timesteps = n * config["num_steps"] * config["num_envs"]
-        iif.main(iif.resolve_args(args))
+        variants.main(variants.resolve_args(args))
         old = rows(os.path.join(run, "metrics.csv"), n)
         new = rows(os.path.join(tmp, "rerun", "metrics.csv"), n)
         same = [{k: r[k] for k in old[0]} for r in new] == old  # columns added since are not compared

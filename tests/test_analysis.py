@@ -16,6 +16,7 @@ import torch
 
 import analysis
 import iif
+import iif_variants as variants
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--num-steps", "256", "--minibatch-size", "64", "--update-epochs", "2", "--eval-episodes", "8"]
@@ -102,7 +103,7 @@ def test_mc_advantage_on_a_deterministic_mdp():
     actions = np.array([0, 0, 1, 0, 0, 1, 0, 1])
     rewards = np.array([0, 1, 0.5, 0, 1, 0.5, 0, 0])
     dones = np.array([0, 1, 1, 0, 1, 1, 0, 0])
-    a_mc = iif.mc_advantage(*(x[:, None] for x in (states, actions, rewards, dones)), 0.9)[:, 0]
+    a_mc = variants.mc_advantage(*(x[:, None] for x in (states, actions, rewards, dones)), 0.9)[:, 0]
     q_s0a0, q_s0a1 = 0.9, 0.5  # the true Q of this deterministic MDP
     v_s0 = (q_s0a0 + q_s0a1) / 2  # the behaviour took each action twice in finished episodes
     np.testing.assert_allclose(a_mc[:7], [q_s0a0 - v_s0, 0, q_s0a1 - v_s0, q_s0a0 - v_s0, 0, q_s0a1 - v_s0,
@@ -259,7 +260,7 @@ def test_ablation_table_from_hand_made_runs(tmp_path):
 
 @pytest.fixture
 def one_thread():
-    """torch on one thread, as iif.py (--threads 1) and analysis.py run it"""
+    """torch on one thread, as iif.py and analysis.py run it"""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -297,7 +298,7 @@ def test_retrain_reproduces_iif_update_exactly(frozenlake_runs, one_thread):
 def tiny_round(lr=1e-4, n=256, seed=0):
     """A made-up buffer B(0) of FrozenLake-shaped records, scored at theta(0), and a config of one epoch of
     plain SGD (no advantage normalisation) with a small learning rate: the round is close to linear."""
-    config = {f.name: getattr(iif.Args(), f.name) for f in dataclasses.fields(iif.Args)}
+    config = {f.name: getattr(variants.Args(), f.name) for f in dataclasses.fields(variants.Args)}
     config.update(env_id="FrozenLake-v1", env_kwargs=iif.PRESETS["FrozenLake-v1"]["env_kwargs"], optimizer="sgd",
                   learning_rate=lr, update_epochs=1, minibatch_size=8, adv_norm="none", filter_p=0.5,
                   max_grad_norm=0.0)
@@ -310,7 +311,7 @@ def tiny_round(lr=1e-4, n=256, seed=0):
         b["logprobs"], _, b["values"] = agent(b["obs"], b["actions"])
     b["returns"] = b["advantages"] + b["values"]
     cfg = argparse.Namespace(**config)
-    b["influence"] = iif.influence(agent, b, torch.arange(n), (b["obs"], b["actions"], b["advantages"]), cfg)
+    b["influence"] = variants.influence(agent, b, torch.arange(n), (b["obs"], b["actions"], b["advantages"]), cfg)
     b["state_dict"], b["influence_tracin"] = agent.state_dict(), None
     return config, b
 

@@ -1,4 +1,4 @@
-"""The envpool backend (iif_envpool.py), --eval-every and --resume."""
+"""The envpool backend (iif_envpool.py), and iif_variants.py's --eval-every and --resume."""
 import csv
 import os
 import subprocess
@@ -11,6 +11,7 @@ import torch
 import tyro
 
 import iif
+import iif_variants as variants
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 envpool = pytest.importorskip("envpool")
@@ -18,7 +19,8 @@ import iif_envpool  # noqa: E402
 
 
 def args_for(tmp_path, *flags):
-    return iif.resolve_args(tyro.cli(iif.Args, args=["--runs-dir", str(tmp_path), "--run-name", "r", *flags]))
+    return variants.resolve_args(tyro.cli(variants.Args, args=["--runs-dir", str(tmp_path), "--run-name", "r",
+                                                                  *flags]))
 
 
 def read_metrics(path):
@@ -74,7 +76,7 @@ def test_envpool_wrapper_steps_a_subset():
 
 @pytest.mark.parametrize("env_id", ["MiniGrid-Empty-8x8-v0", "highway-v0"])
 def test_envpool_spaces_match_gymnasium(env_id):
-    gym_env = iif.make_env(env_id, iif.PRESETS[env_id].get("env_kwargs", {}))()
+    gym_env = iif.make_env(env_id)()
     pool = iif_envpool.EnvpoolVec(env_id, iif.PRESETS[env_id]["envpool"], 2, 1)
     assert pool.single_observation_space.shape == gym_env.observation_space.shape
     assert pool.single_action_space == gym_env.action_space
@@ -130,14 +132,14 @@ def test_envpool_rollout_has_no_reset_records_and_bootstraps_truncations(tmp_pat
     torch.testing.assert_close(b["next_values"][inner], b["values"][[t + 1 for t in inner]])
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--env-id", "FrozenLake-v1", "--env-backend", "envpool"], "--env-backend"),
-    (["--env-id", "highway-fast-v0", "--env-backend", "envpool"], "--env-backend"),
-    (["--eval-every", "0"], "--eval-every"),
-    (["--resume"], "--run-name"),
+@pytest.mark.parametrize("script, flags, message", [
+    ("iif.py", ["--env-id", "FrozenLake-v1", "--env-backend", "envpool"], "--env-backend"),
+    ("iif.py", ["--env-id", "highway-fast-v0", "--env-backend", "envpool"], "--env-backend"),
+    ("iif_variants.py", ["--eval-every", "0"], "--eval-every"),
+    ("iif_variants.py", ["--resume"], "--run-name"),
 ])
-def test_bad_backend_and_resume_flags_fail_early(tmp_path, flags, message):
-    cmd = [sys.executable, os.path.join(ROOT, "iif.py"), "--runs-dir", str(tmp_path), *flags]
+def test_bad_backend_and_resume_flags_fail_early(tmp_path, script, flags, message):
+    cmd = [sys.executable, os.path.join(ROOT, script), "--runs-dir", str(tmp_path), *flags]
     if "--resume" not in flags:
         cmd += ["--run-name", "r"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -148,14 +150,14 @@ def test_auto_backend():
     assert iif.resolve_args(iif.Args(env_id="Acrobot-v1")).env_backend == "envpool"
     assert iif.resolve_args(iif.Args(env_id="FrozenLake-v1")).env_backend == "gymnasium"
     assert iif.resolve_args(iif.Args(env_id="CartPole-v1")).env_backend == "gymnasium"  # no preset, no port
-    a = iif.resolve_args(iif.Args(env_id="Acrobot-v1"))
+    a = variants.resolve_args(variants.Args(env_id="Acrobot-v1"))
     assert a.eval_envs == a.eval_episodes == 1000  # one test episode per batched env
 
 
 def test_eval_every_tests_only_every_nth_round(tmp_path):
     a = args_for(tmp_path, "--env-id", "CartPole-v1", "--num-steps", "32", "--minibatch-size", "16",
                  "--total-timesteps", "160", "--eval-every", "2", "--eval-episodes", "2")
-    iif.main(a)
+    variants.main(a)
     rows = read_metrics(tmp_path / "r" / "metrics.csv")
     assert [r["test_return_mean"] != "" for r in rows] == [False, True, False, True, False]
     assert all(float(r["t_eval"]) == pytest.approx(0, abs=1e-3) for r in rows[::2])
@@ -190,8 +192,8 @@ class Killed(Exception):
 
 
 def kill_at(monkeypatch, name, k):
-    """Make iif.<name> raise on its call in round k (it is called once per round)."""
-    real, calls = getattr(iif, name), []
+    """Make iif_variants.<name> raise on its call in round k (it is called once per round)."""
+    real, calls = getattr(variants, name), []
 
     def fake(*a, **kw):
         calls.append(1)
@@ -199,7 +201,7 @@ def kill_at(monkeypatch, name, k):
             raise Killed
         return real(*a, **kw)
 
-    monkeypatch.setattr(iif, name, fake)
+    monkeypatch.setattr(variants, name, fake)
 
 
 @pytest.mark.parametrize("name, k", [
@@ -208,16 +210,16 @@ def kill_at(monkeypatch, name, k):
     ("save_checkpoint", 5),  # killed in the last round: only the final agent is missing
 ])
 def test_a_killed_run_resumed_equals_the_uninterrupted_run(tmp_path, monkeypatch, name, k):
-    iif.main(args_for(tmp_path / "full", *CORRIDOR))
+    variants.main(args_for(tmp_path / "full", *CORRIDOR))
     with monkeypatch.context() as m:
         kill_at(m, name, k)
         with pytest.raises(Killed):
-            iif.main(args_for(tmp_path / "cut", *CORRIDOR))
+            variants.main(args_for(tmp_path / "cut", *CORRIDOR))
     rows = read_metrics(tmp_path / "cut" / "r" / "metrics.csv")
     assert len(rows) == (k if name == "evaluate" else k + 1)
     with pytest.raises(SystemExit, match="--resume"):  # without --resume the run is not overwritten
-        iif.main(args_for(tmp_path / "cut", *CORRIDOR))
-    iif.main(args_for(tmp_path / "cut", *CORRIDOR, "--resume"))
+        variants.main(args_for(tmp_path / "cut", *CORRIDOR))
+    variants.main(args_for(tmp_path / "cut", *CORRIDOR, "--resume"))
     full = read_metrics(tmp_path / "full" / "r" / "metrics.csv")
     cut = read_metrics(tmp_path / "cut" / "r" / "metrics.csv")
     assert [int(r["round"]) for r in cut] == list(range(6))
@@ -229,22 +231,22 @@ def test_a_killed_run_resumed_equals_the_uninterrupted_run(tmp_path, monkeypatch
 
 def test_resume_restores_adam_and_every_rng(tmp_path, monkeypatch):
     flags = [*CORRIDOR, "--optimizer", "adam", "--filter-method", "random", "--learning-rate", "0.003"]
-    iif.main(args_for(tmp_path / "full", *flags))
+    variants.main(args_for(tmp_path / "full", *flags))
     with monkeypatch.context() as m:
         kill_at(m, "evaluate", 3)
         with pytest.raises(Killed):
-            iif.main(args_for(tmp_path / "cut", *flags))
-    iif.main(args_for(tmp_path / "cut", *flags, "--resume"))
+            variants.main(args_for(tmp_path / "cut", *flags))
+    variants.main(args_for(tmp_path / "cut", *flags, "--resume"))
     assert without_times(read_metrics(tmp_path / "cut" / "r" / "metrics.csv")) == \
         without_times(read_metrics(tmp_path / "full" / "r" / "metrics.csv"))
 
 
 def test_resume_refuses_other_flags_and_finishes_a_finished_run(tmp_path):
-    iif.main(args_for(tmp_path, *CORRIDOR))
+    variants.main(args_for(tmp_path, *CORRIDOR))
     with pytest.raises(SystemExit, match="--learning-rate 0.01 \\(now 0.02\\)"):
-        iif.main(args_for(tmp_path, *CORRIDOR[:-1], "0.02", "--resume"))
+        variants.main(args_for(tmp_path, *CORRIDOR[:-1], "0.02", "--resume"))
     before = read_metrics(tmp_path / "r" / "metrics.csv")
-    iif.main(args_for(tmp_path, *CORRIDOR, "--resume"))  # nothing left to run
+    variants.main(args_for(tmp_path, *CORRIDOR, "--resume"))  # nothing left to run
     assert read_metrics(tmp_path / "r" / "metrics.csv") == before
     # small: the agent, Adam's two moments and the RNG states
     assert os.path.getsize(tmp_path / "r" / "checkpoint.pt") < 3 * os.path.getsize(tmp_path / "r" / "agent.pt") + 20_000
@@ -256,7 +258,7 @@ def test_resume_on_envpool_keeps_each_round_once(tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         kill_at(m, "save_checkpoint", 1)
         with pytest.raises(Killed):
-            iif.main(args_for(tmp_path, *flags))
-    iif.main(args_for(tmp_path, *flags, "--resume"))
+            variants.main(args_for(tmp_path, *flags))
+    variants.main(args_for(tmp_path, *flags, "--resume"))
     rows = read_metrics(tmp_path / "r" / "metrics.csv")
     assert [int(r["round"]) for r in rows] == [0, 1, 2, 3]

@@ -1,4 +1,4 @@
-"""iif.py end to end through its command line."""
+"""iif.py and iif_variants.py end to end through their command lines."""
 import csv
 import os
 import shutil
@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -17,8 +18,8 @@ SHORT = ["--total-timesteps", "64", "--num-steps", "32", "--minibatch-size", "16
          "--eval-episodes", "2"]
 
 
-def run(tmp_path, *flags, check=True):
-    cmd = [sys.executable, os.path.join(ROOT, "iif.py"), "--runs-dir", str(tmp_path), "--run-name", "r", *flags]
+def run(tmp_path, *flags, check=True, script="iif.py"):
+    cmd = [sys.executable, os.path.join(ROOT, script), "--runs-dir", str(tmp_path), "--run-name", "r", *flags]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     if check:
         assert proc.returncode == 0, proc.stderr
@@ -67,15 +68,17 @@ def test_iif_py_alone_runs_the_presets_on_gymnasium(tmp_path):
 
 @pytest.mark.parametrize("method", ["adv-error", "adv-product", "td-weight"])
 def test_baseline_filters_run(tmp_path, method):
-    run(tmp_path, "--env-id", "FrozenLake-v1", "--filter-method", method, *SHORT)
+    run(tmp_path, "--env-id", "FrozenLake-v1", "--filter-method", method, *SHORT, script="iif_variants.py")
     rows = read_metrics(tmp_path)
     assert len(rows) == 2
     if method == "td-weight":
         assert all(r["n_dropped"] == "0" and r["n_updates"] == "4" for r in rows)
 
 
-def test_saved_rounds_hold_theta_k_and_the_scored_buffer(tmp_path):
-    run(tmp_path, "--env-id", "FrozenLake-v1", "--save-rounds", "--influence-mode", "tracin", *SHORT)
+@pytest.mark.parametrize("script", ["iif.py", "iif_variants.py"])
+def test_saved_rounds_hold_theta_k_and_the_scored_buffer(tmp_path, script):
+    tracin = ["--influence-mode", "tracin"] if script == "iif_variants.py" else []
+    run(tmp_path, "--env-id", "FrozenLake-v1", "--save-rounds", *tracin, *SHORT, script=script)
     r0 = torch.load(tmp_path / "r" / "rounds" / "round_0000.pt")
     r1 = torch.load(tmp_path / "r" / "rounds" / "round_0001.pt")
     for key in ("obs", "actions", "logprobs", "values", "rewards", "terminations", "dones", "returns",
@@ -87,7 +90,10 @@ def test_saved_rounds_hold_theta_k_and_the_scored_buffer(tmp_path):
     n_dropped = int((~r0["kept"]).sum())
     assert 0 < n_dropped <= int((r0["influence"] < 0).sum()) // 2  # fewer where records tie at the cut
     assert r0["influence"][~r0["kept"]].max() < r0["influence"][r0["kept"]].min()  # ties at the cut are kept
-    assert (r0["influence_tracin"][~r0["kept"]] == 0).all()  # dropped records take no optimizer step
+    if tracin:
+        assert (r0["influence_tracin"][~r0["kept"]] == 0).all()  # dropped records take no optimizer step
+    else:
+        assert r0["influence_tracin"] is None
     # theta(0) is the initial network, theta(1) differs: the round-0 update happened between them
     agent = iif.Agent(iif.gym.spaces.Box(0, 1, (16,)), iif.gym.spaces.Discrete(4))
     agent.load_state_dict(r1["state_dict"])
@@ -98,7 +104,7 @@ def test_saved_rounds_hold_theta_k_and_the_scored_buffer(tmp_path):
 def test_reseed_rounds_starts_every_round_alike(tmp_path, reseed):
     # a learning rate too small to change a sampled action: only the seeding tells the rounds apart
     run(tmp_path, "--env-id", "CartPole-v1", "--save-rounds", "--learning-rate", "1e-12", *SHORT,
-        *(["--reseed-rounds"] if reseed else []))
+        *(["--reseed-rounds"] if reseed else []), script="iif_variants.py")
     r0, r1 = (torch.load(tmp_path / "r" / "rounds" / f"round_000{k}.pt") for k in (0, 1))
     same = torch.equal(r0["obs"], r1["obs"]) and torch.equal(r0["actions"], r1["actions"])
     assert same == reseed
@@ -118,30 +124,34 @@ def test_same_seed_same_metrics(tmp_path, backend):
 
 def test_f_action_target_from_the_command_line(tmp_path):
     run(tmp_path, "--env-id", "FrozenLake-v1", "--target", "f_action", "--target-state", "0",
-        "--target-action", "2", "--save-rounds", *SHORT)
+        "--target-action", "2", "--save-rounds", *SHORT, script="iif_variants.py")
     r0 = torch.load(tmp_path / "r" / "rounds" / "round_0000.pt")
     assert r0["target"] == "f_action" and r0["influence"].abs().max() > 0
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--env-id", "NoSuchEnv-v0"], "--env-id"),
-    (["--env-id", "Blackjack-v1"], "--env-id"),  # a Tuple observation space
-    (["--filter-p", "0"], "--filter-p"),
-    (["--filter-p", "1.5"], "--filter-p"),
-    (["--minibatch-size", "60"], "--minibatch-size"),
-    (["--total-timesteps", "3000"], "--total-timesteps"),
-    (["--influence-mode", "tracin"], "--save-rounds"),
-    (["--target", "f_action"], "--target-state"),
-    (["--env-id", "FrozenLake-v1", "--target", "f_action", "--target-state", "0", "--target-action", "4"],
-     "--target-action"),
-    (["--filter-method", "best"], "--filter-method"),
-    (["--env-id", "Pendulum-v1", "--filter-method", "adv-error"], "--filter-method"),
-    (["--env-id", "Acrobot-v1", "--influence-precond", "adam"], "--optimizer is sgd"),  # the preset's SGD
-    (["--min-agreement", "1.5"], "--min-agreement"),
-    (["--target-kl", "-0.1"], "--target-kl"),
+@pytest.mark.parametrize("script,flags,message", [
+    ("iif.py", ["--env-id", "NoSuchEnv-v0"], "--env-id"),
+    ("iif.py", ["--env-id", "Blackjack-v1"], "--env-id"),  # a Tuple observation space
+    ("iif.py", ["--filter-p", "0"], "--filter-p"),
+    ("iif.py", ["--filter-p", "1.5"], "--filter-p"),
+    ("iif.py", ["--minibatch-size", "60"], "--minibatch-size"),
+    ("iif.py", ["--total-timesteps", "3000"], "--total-timesteps"),
+    ("iif.py", ["--num-steps", "0"], "--num-steps"),
+    ("iif.py", ["--learning-rate", "-1"], "--learning-rate"),
+    ("iif.py", ["--filter-method", "best"], "--filter-method"),
+    ("iif.py", ["--filter-method", "adv-error"], "--filter-method"),  # in iif_variants.py only
+    ("iif.py", ["--min-agreement", "1.5"], "--min-agreement"),
+    ("iif_variants.py", ["--influence-mode", "tracin"], "--save-rounds"),
+    ("iif_variants.py", ["--target", "f_action"], "--target-state"),
+    ("iif_variants.py", ["--env-id", "FrozenLake-v1", "--target", "f_action", "--target-state", "0",
+                         "--target-action", "4"], "--target-action"),
+    ("iif_variants.py", ["--env-id", "Pendulum-v1", "--filter-method", "adv-error"], "--filter-method"),
+    ("iif_variants.py", ["--env-id", "Acrobot-v1", "--influence-precond", "adam"], "--optimizer is sgd"),
+    ("iif_variants.py", ["--target-kl", "-0.1"], "--target-kl"),
+    ("iif_variants.py", ["--filter-p", "0"], "--filter-p"),  # iif.py's checks run too
 ])
-def test_bad_flags_fail_early_with_the_flag_named(tmp_path, flags, message):
-    proc = run(tmp_path, *flags, check=False)
+def test_bad_flags_fail_early_with_the_flag_named(tmp_path, script, flags, message):
+    proc = run(tmp_path, *flags, check=False, script=script)
     assert proc.returncode != 0
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "r").exists()
@@ -197,7 +207,7 @@ def test_iif_solves_frozenlake_within_the_paper_budget(tmp_path):
 
 
 def test_highway_preset_config_is_applied():
-    env = iif.make_env("highway-fast-v0", iif.PRESETS["highway-fast-v0"]["env_kwargs"])()
+    env = iif.make_env("highway-v0")()
     config = env.unwrapped.config
     assert config["vehicles_count"] == 10 and config["observation"]["type"] == "Kinematics"
     assert config["action"]["type"] == "DiscreteMetaAction" and env.observation_space.shape == (25,)
@@ -216,3 +226,38 @@ def test_truncated_episodes_bootstrap_from_their_final_observation(tmp_path):
         torch.testing.assert_close(b["returns"][t] - b["values"][t], delta)
     inner = [t for t in range(449) if t not in ends]
     torch.testing.assert_close(b["next_values"][inner], b["values"][[t + 1 for t in inner]])
+
+
+# ---- environments outside the paper ----
+
+def test_a_highway_env_id_outside_highway_star_runs_by_its_plain_id(tmp_path):
+    proc = run(tmp_path, "--env-id", "merge-v0", "--env-backend", "gymnasium", "--num-steps", "32",
+               "--minibatch-size", "16", "--total-timesteps", "32", "--eval-episodes", "1")
+    assert "merge-v0 on gymnasium" in proc.stdout and len(read_metrics(tmp_path)) == 1
+    args = iif.resolve_args(iif.Args(env_id="highway_env:merge-v0", runs_dir=str(tmp_path)))  # module:id
+    assert args.run_name.startswith("highway_env_merge-v0__influence__1__")
+
+
+class Forever(iif.gym.Env):
+    """Never terminates and is registered without a time limit: a policy's episode would never end."""
+    observation_space = iif.gym.spaces.Box(0.0, 1.0, (3,), np.float32)
+    action_space = iif.gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        return np.full(3, float(action), np.float32), float(action), False, False, {}
+
+
+def test_an_env_without_a_time_limit_gets_one_and_a_round_without_ended_episodes_says_so(tmp_path, capsys):
+    iif.gym.register("Forever-v0", entry_point=Forever)
+    assert iif.gym.spec("Forever-v0").max_episode_steps is None
+    iif.main(iif.resolve_args(iif.Args(env_id="Forever-v0", num_steps=600, minibatch_size=300, total_timesteps=1200,
+                                       eval_episodes=2, runs_dir=str(tmp_path), run_name="r")))
+    out = capsys.readouterr().out
+    rows = read_metrics(tmp_path)
+    assert [r["train_return"] == "" for r in rows] == [True, False]  # the first episode ends at step 1000
+    assert "round 0 [1/2] step 600 | train (no episode ended) test" in out and "nan" not in out
+    assert float(rows[0]["test_return_mean"]) <= 1000  # test episodes end at 1000 steps too

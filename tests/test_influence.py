@@ -1,4 +1,4 @@
-"""Influence, TracIn, filtering and GAE of iif.py against plain reference computations."""
+"""Influence, TracIn, filtering and GAE of iif.py and iif_variants.py against plain reference computations."""
 import copy
 import math
 from types import SimpleNamespace
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import iif
+import iif_variants as variants
 
 ARGS = SimpleNamespace(clip_coef=0.2, vf_coef=0.5, ent_coef=0.01, minibatch_size=8, update_epochs=2, max_grad_norm=0.5,
                        adv_norm="buffer", influence_loss="full", influence_precond="none", target_kl=0.0,
@@ -76,10 +77,25 @@ def test_influence_equals_per_record_autograd(kind, target_name):
     agent, b = make_agent_and_buffer(kind)
     target = targets(agent, b)[target_name]
     idx = torch.arange(len(b["advantages"]))
-    ours = iif.influence(agent, b, idx, target, ARGS)
+    ours = variants.influence(agent, b, idx, target, ARGS)
     ref = reference_influence(agent, b, idx, target, ARGS)
     assert ref.abs().max() > 1e-6 and (ref > 0).any() and (ref < 0).any()
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-10 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("kind", list(SPACES))
+def test_iif_py_influence_scores_the_policy_loss_with_buffer_normalised_advantages(kind):
+    """iif.py's only scoring: g from f_return with the raw A_hat; l_i its policy terms, with A_hat normalised over
+    B(k); the same as iif_variants.py's default flags"""
+    agent, b = make_agent_and_buffer(kind)
+    ours = iif.influence(agent, b, ARGS)
+    target = (b["obs"], b["actions"], b["advantages"])
+    no_value = SimpleNamespace(**{**vars(ARGS), "vf_coef": 0.0})
+    idx = torch.arange(len(b["advantages"]))
+    ref = reference_influence(agent, dict(b, advantages=iif.normalize(b["advantages"])), idx, target, no_value)
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-10 * ref.abs().max().item())
+    defaults = SimpleNamespace(**{**vars(ARGS), "adv_norm": "minibatch", "influence_loss": "policy"})
+    assert torch.equal(ours, variants.influence(agent, b, idx, target, defaults, variants.scoring_advantages(b, defaults)))
 
 
 def test_value_term_enters_influence_only_through_shared_parameters():
@@ -89,8 +105,8 @@ def test_value_term_enters_influence_only_through_shared_parameters():
         agent, b = make_agent_and_buffer(kind)
         target = targets(agent, b)["f_return"]
         idx = torch.arange(len(b["advantages"]))
-        a = iif.influence(agent, b, idx, target, ARGS)
-        c = iif.influence(agent, b, idx, target, SimpleNamespace(**{**vars(ARGS), "vf_coef": 5.0}))
+        a = variants.influence(agent, b, idx, target, ARGS)
+        c = variants.influence(agent, b, idx, target, SimpleNamespace(**{**vars(ARGS), "vf_coef": 5.0}))
         assert (not torch.allclose(a, c, rtol=1e-6, atol=0)) == should_change, kind
 
 
@@ -101,7 +117,7 @@ def test_tracin_equals_explicit_step_by_step_sum(kind):
     ref_agent = copy.deepcopy(agent)
     kept = torch.arange(32)[torch.arange(32) % 5 != 0]  # 25 kept records: 3 minibatches of 8, remainder 1
     optimizer = torch.optim.SGD(agent.parameters(), lr=0.05)
-    n_updates, tracin = iif.ppo_update(agent, optimizer, b, kept, ARGS, np.random.default_rng(7), target)
+    n_updates, tracin = variants.ppo_update(agent, optimizer, b, kept, ARGS, np.random.default_rng(7), target)
     assert n_updates == 2 * 3
 
     rng = np.random.default_rng(7)
@@ -132,11 +148,11 @@ def test_snapshot_is_the_first_tracin_term():
     # one optimizer step on the whole buffer: TracIn reduces to the snapshot score at theta(k)
     agent, b = make_agent_and_buffer("mlp", n=8)
     target = targets(agent, b)["f_return"]
-    snapshot = iif.influence(agent, b, torch.arange(8), target, ARGS)
+    snapshot = variants.influence(agent, b, torch.arange(8), target, ARGS)
     for max_grad_norm in (0.0, 0.5):
         one_step = SimpleNamespace(**{**vars(ARGS), "update_epochs": 1, "minibatch_size": 8,
                                       "max_grad_norm": max_grad_norm})
-        _, tracin = iif.ppo_update(copy.deepcopy(agent), torch.optim.SGD(agent.parameters(), lr=0.1), b,
+        _, tracin = variants.ppo_update(copy.deepcopy(agent), torch.optim.SGD(agent.parameters(), lr=0.1), b,
                                    torch.arange(8), one_step, np.random.default_rng(0), target)
         scale = tracin / snapshot  # clipping scales the step, and so its scores, by one factor
         torch.testing.assert_close(scale, scale[0].expand(8))
@@ -147,23 +163,23 @@ def test_snapshot_is_the_first_tracin_term():
 
 def test_influence_filter_drops_floor_p_of_negatives_most_negative_first():
     scores = torch.tensor([0.5, -3.0, -1.0, 2.0, -2.0, -0.5, 0.0, -4.0])  # 5 negatives
-    kept, n_neg = iif.filter_records(scores, "influence", 0.5, torch.Generator().manual_seed(0))
+    kept, n_neg = variants.filter_records(scores, "influence", 0.5, torch.Generator().manual_seed(0))
     assert n_neg == 5
     assert sorted(torch.nonzero(~kept).flatten().tolist()) == [1, 7]  # floor(2.5) = 2: -4 and -3
-    kept, _ = iif.filter_records(scores, "influence", 1.0, torch.Generator())
+    kept, _ = variants.filter_records(scores, "influence", 1.0, torch.Generator())
     assert sorted(torch.nonzero(~kept).flatten().tolist()) == [1, 2, 4, 5, 7]  # p = 1: every negative, 0.0 kept
-    kept, _ = iif.filter_records(scores, "influence", 0.1, torch.Generator())
+    kept, _ = variants.filter_records(scores, "influence", 0.1, torch.Generator())
     assert kept.all()  # floor(0.5) = 0
 
 
 def test_filter_ties_by_buffer_order_and_no_negatives():
     scores = torch.tensor([-1.0, 3.0, -1.0, -1.0, -1.0])
-    kept, _ = iif.filter_records(scores, "influence", 0.5, torch.Generator())
+    kept, _ = variants.filter_records(scores, "influence", 0.5, torch.Generator())
     assert torch.nonzero(~kept).flatten().tolist() == [0, 2]
     for method in ("influence", "random"):
-        kept, n_neg = iif.filter_records(torch.tensor([0.0, 1.0, 2.0]), method, 1.0, torch.Generator())
+        kept, n_neg = variants.filter_records(torch.tensor([0.0, 1.0, 2.0]), method, 1.0, torch.Generator())
         assert n_neg == 0 and kept.all()
-    kept, n_neg = iif.filter_records(torch.tensor([-1.0, -2.0]), "none", 1.0, torch.Generator())
+    kept, n_neg = variants.filter_records(torch.tensor([-1.0, -2.0]), "none", 1.0, torch.Generator())
     assert n_neg == 2 and kept.all()
 
 
@@ -172,7 +188,7 @@ def test_random_filter_drops_the_same_count_uniformly():
     gen = torch.Generator().manual_seed(0)
     drops = torch.zeros(101)
     for _ in range(400):
-        kept, n_neg = iif.filter_records(scores, "random", 0.5, gen)
+        kept, n_neg = variants.filter_records(scores, "random", 0.5, gen)
         assert n_neg == 50 and int((~kept).sum()) == 25
         drops += (~kept).float()
     # positive and negative records are dropped alike (each with probability 25/101)
@@ -182,21 +198,24 @@ def test_random_filter_drops_the_same_count_uniformly():
 
 def test_keep_ties_drops_only_records_strictly_below_the_cut():
     scores = torch.tensor([-2.0, 1.0, -3.0, -2.0, -1.0, -2.0, 0.5])  # 5 negatives: floor(0.5 x 5) = 2 to drop
-    kept, _ = iif.filter_records(scores, "influence", 0.5, torch.Generator())
+    kept, _ = variants.filter_records(scores, "influence", 0.5, torch.Generator())
     assert torch.nonzero(~kept).flatten().tolist() == [0, 2]  # -3, then the first -2 in buffer order
-    kept, _ = iif.filter_records(scores, "influence", 0.5, torch.Generator(), ties="keep")
-    assert torch.nonzero(~kept).flatten().tolist() == [2]  # the cut's score is -2: every -2 stays
-    kept, _ = iif.filter_records(scores, "random", 0.5, torch.Generator().manual_seed(0), ties="keep")
-    assert int((~kept).sum()) == 1  # random drops as many as influence does under the same rule
-    kept, _ = iif.filter_records(scores, "influence", 1.0, torch.Generator(), ties="keep")
-    assert torch.nonzero(~kept).flatten().tolist() == [0, 2, 3, 4, 5]  # p = 1: every negative either way
-    kept, _ = iif.filter_records(-torch.ones(4), "influence", 1.0, torch.Generator(), ties="keep")
-    assert not kept.any()  # all negative and p = 1: no score left to cut at
+    for keep_ties in (iif.filter_records, lambda *a: variants.filter_records(*a, ties="keep")):
+        kept, _ = keep_ties(scores, "influence", 0.5, torch.Generator())
+        assert torch.nonzero(~kept).flatten().tolist() == [2]  # the cut's score is -2: every -2 stays
+        kept, _ = keep_ties(scores, "random", 0.5, torch.Generator().manual_seed(0))
+        assert int((~kept).sum()) == 1  # random drops as many as influence does under the same rule
+        kept, _ = keep_ties(scores, "influence", 1.0, torch.Generator())
+        assert torch.nonzero(~kept).flatten().tolist() == [0, 2, 3, 4, 5]  # p = 1: every negative either way
+        kept, _ = keep_ties(-torch.ones(4), "influence", 1.0, torch.Generator())
+        assert not kept.any()  # all negative and p = 1: no score left to cut at
+        kept, n_neg = keep_ties(torch.tensor([-1.0, -2.0]), "none", 1.0, torch.Generator())
+        assert n_neg == 2 and kept.all()
 
 
 def test_floor_is_robust_to_float_rounding():
     scores = -torch.ones(100)
-    kept, _ = iif.filter_records(scores, "influence", 0.29, torch.Generator())
+    kept, _ = variants.filter_records(scores, "influence", 0.29, torch.Generator())
     assert int((~kept).sum()) == 29 == math.floor(29.0)
 
 
@@ -244,13 +263,13 @@ def test_advantage_heuristics_drop_sign_mismatches_by_error_or_product():
     a_mc = torch.tensor([0.5, -0.2, 0.3, float("nan"), -0.4, 0.1], dtype=torch.float64)
     a_hat = torch.tensor([-0.1, 0.6, 0.2, -1.0, 0.1, -0.9], dtype=torch.float64)
     # mismatches: 0 (err .6, prod -.05), 1 (err .8, prod -.12), 4 (err .5, prod -.04), 5 (err 1.0, prod -.09)
-    kept = iif.advantage_filter(a_mc, a_hat, "adv-error", 0.5)
+    kept = variants.advantage_filter(a_mc, a_hat, "adv-error", 0.5)
     assert torch.nonzero(~kept).flatten().tolist() == [1, 5]
-    kept = iif.advantage_filter(a_mc, a_hat, "adv-product", 0.5)
+    kept = variants.advantage_filter(a_mc, a_hat, "adv-product", 0.5)
     assert sorted(torch.nonzero(~kept).flatten().tolist()) == [1, 5]
-    kept = iif.advantage_filter(a_mc, a_hat, "adv-product", 0.25)
+    kept = variants.advantage_filter(a_mc, a_hat, "adv-product", 0.25)
     assert torch.nonzero(~kept).flatten().tolist() == [1]  # -0.12 is the most negative product
-    kept = iif.advantage_filter(a_mc, a_hat, "adv-error", 1.0)
+    kept = variants.advantage_filter(a_mc, a_hat, "adv-error", 1.0)
     assert sorted(torch.nonzero(~kept).flatten().tolist()) == [0, 1, 4, 5]  # never the nan or the agreeing ones
 
 
@@ -258,7 +277,7 @@ def test_td_sampling_probabilities_follow_the_rank_of_the_td_error():
     b = dict(rewards=torch.tensor([1.0, 0.0, 0.0]), values=torch.tensor([0.0, 0.0, 1.0]),
              next_values=torch.tensor([5.0, 0.1, 0.0]), terminations=torch.tensor([1.0, 0.0, 0.0]))
     # TD errors: 1 (terminal: no bootstrap), 0.099, -1.0; ties broken by buffer order: ranks 1, 3, 2
-    p = iif.td_sampling_probs(b, 0.99, alpha=0.6)
+    p = variants.td_sampling_probs(b, 0.99, alpha=0.6)
     w = np.array([1.0, 3.0 ** -0.6, 2.0 ** -0.6])
     np.testing.assert_allclose(p, w / w.sum())
 
@@ -269,11 +288,11 @@ def test_sampled_minibatches_follow_the_given_probabilities():
     p = np.zeros(16)
     p[[2, 9]] = 0.5
     no_clip = SimpleNamespace(**{**vars(ARGS), "max_grad_norm": 0.0})  # unscaled steps: scores count draws
-    _, tracin = iif.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.0), b, torch.arange(16), no_clip,
+    _, tracin = variants.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.0), b, torch.arange(16), no_clip,
                                np.random.default_rng(0), target, sample_p=p)
     assert set(torch.nonzero(tracin).flatten().tolist()) == {2, 9}
     # with lr 0 every step scores at theta(k): the summed TracIn counts each draw of a record
-    snapshot = iif.influence(agent, b, torch.arange(16), target, ARGS)
+    snapshot = variants.influence(agent, b, torch.arange(16), target, ARGS)
     draws = tracin[[2, 9]] / snapshot[[2, 9]]
     assert torch.allclose(draws, draws.round()) and draws.round().sum().item() == ARGS.update_epochs * 16
 
@@ -286,10 +305,10 @@ def test_policy_only_influence_equals_per_record_autograd_without_the_value_term
         agent, b = make_agent_and_buffer(kind)
         target = targets(agent, b)["f_return"]
         idx = torch.arange(len(b["advantages"]))
-        ours = iif.influence(agent, b, idx, target, policy)
+        ours = variants.influence(agent, b, idx, target, policy)
         ref = reference_influence(agent, b, idx, target, SimpleNamespace(**{**vars(ARGS), "vf_coef": 0.0}))
         torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-10 * ref.abs().max().item())
-        full = iif.influence(agent, b, idx, target, ARGS)
+        full = variants.influence(agent, b, idx, target, ARGS)
         # separate networks: the value term cannot reach f's parameters; the shared CNN: it does
         assert torch.allclose(ours, full, rtol=1e-9, atol=0) == (kind == "mlp"), kind
 
@@ -304,16 +323,16 @@ def test_minibatch_normalisation_after_filtering(monkeypatch):
         seen.append((idx.clone(), adv.clone()))
         return losses(agent, b, idx, args, params, adv, vf_coef)
 
-    monkeypatch.setattr(iif, "ppo_losses", spy)
+    monkeypatch.setattr(variants, "ppo_losses", spy)
     mb_args = SimpleNamespace(**{**vars(ARGS), "adv_norm": "minibatch"})
-    iif.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.01), b, kept, mb_args, np.random.default_rng(0))
+    variants.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.01), b, kept, mb_args, np.random.default_rng(0))
     assert len(seen) == 2 * 3
     for idx, adv in seen:
         assert set(idx.tolist()) <= set(kept.tolist())
         assert abs(adv.mean().item()) < 1e-9 and abs(adv.std().item() - 1) < 1e-6
         torch.testing.assert_close(adv, iif.normalize(b["advantages"][idx]))
     seen.clear()
-    iif.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.01), b, kept, ARGS, np.random.default_rng(0))
+    variants.ppo_update(agent, torch.optim.SGD(agent.parameters(), lr=0.01), b, kept, ARGS, np.random.default_rng(0))
     assert all(torch.equal(adv, b["advantages"][idx]) for idx, adv in seen)  # buffer mode: as stored
 
 
@@ -321,18 +340,18 @@ def test_minibatch_normalisation_after_filtering(monkeypatch):
 @pytest.mark.parametrize("target_adv", ["raw", "normalized"])
 def test_main_passes_the_chosen_advantages_to_target_and_scoring(tmp_path, monkeypatch, adv_norm, target_adv):
     import tyro
-    calls, scorer = [], iif.influence
+    calls, scorer = [], variants.influence
 
     def spy(agent, b, idx, target, args, adv=None, precond=None):
         calls.append((dict(b), target, adv))
         return scorer(agent, b, idx, target, args, adv, precond)
 
-    monkeypatch.setattr(iif, "influence", spy)
-    args = iif.resolve_args(tyro.cli(iif.Args, args=[
+    monkeypatch.setattr(variants, "influence", spy)
+    args = variants.resolve_args(tyro.cli(variants.Args, args=[
         "--env-id", "Acrobot-v1", "--num-steps", "256", "--total-timesteps", "256", "--update-epochs", "1",
         "--eval-episodes", "1", "--runs-dir", str(tmp_path), "--run-name", "r", "--adv-norm", adv_norm,
         "--target-adv", target_adv]))
-    iif.main(args)
+    variants.main(args)
     (b, (t_obs, t_actions, t_weights), adv), = calls
     raw = b["returns"] - b["values"]  # the GAE estimate A_hat
     assert raw.mean().abs() > 0.5 * raw.std()  # Acrobot's early A_hat is far from mean 0: the choice matters
@@ -348,24 +367,24 @@ def test_adam_preconditioned_influence_equals_per_record_autograd(kind):
     """<grad f, -P grad l_i> with P = 1 / (sqrt(v_hat) + eps) from the optimizer's state, record by record"""
     agent, b = make_agent_and_buffer(kind)
     optimizer = torch.optim.Adam(agent.parameters(), lr=1e-3, eps=1e-5)
-    assert iif.adam_precond(agent, optimizer) is None  # no second moment before the first step
+    assert variants.adam_precond(agent, optimizer) is None  # no second moment before the first step
     for _ in range(3):
         optimizer.zero_grad()
         iif.ppo_losses(agent, b, torch.arange(40), ARGS).mean().backward()
         optimizer.step()
-    precond = iif.adam_precond(agent, optimizer)
+    precond = variants.adam_precond(agent, optimizer)
     state = optimizer.state[agent.actor[0].weight]
     v_hat = state["exp_avg_sq"] / (1 - 0.999 ** 3)
     torch.testing.assert_close(precond["actor.0.weight"], 1 / (v_hat.sqrt() + 1e-5))
     idx = torch.arange(10)
     target = targets(agent, b)["f_return"]
-    ours = iif.influence(agent, b, idx, target, ARGS, precond=precond)
+    ours = variants.influence(agent, b, idx, target, ARGS, precond=precond)
     logp, _, _ = agent(*target[:2])
     g = flat_grad((logp * target[2]).mean(), agent)
     p = torch.cat([precond[name].flatten() for name, _ in agent.named_parameters()])
     ref = torch.stack([-(g @ (p * flat_grad(reference_loss(agent, b, int(i), ARGS), agent))) for i in idx])
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
-    assert not torch.allclose(ours, iif.influence(agent, b, idx, target, ARGS))  # P changes the scores
+    assert not torch.allclose(ours, variants.influence(agent, b, idx, target, ARGS))  # P changes the scores
 
 
 def test_target_agreement_is_the_mean_pairwise_cosine_of_slices():
@@ -376,11 +395,14 @@ def test_target_agreement_is_the_mean_pairwise_cosine_of_slices():
         logp, _, _ = agent(target[0][part], target[1][part])
         grads.append(flat_grad((logp * target[2][part]).mean(), agent))
     cos = [torch.nn.functional.cosine_similarity(grads[i], grads[j], dim=0) for i in range(4) for j in range(4) if i < j]
-    assert iif.target_agreement(agent, target, 4) == pytest.approx(float(torch.stack(cos).mean()), rel=1e-10)
+    def agreement(obs, actions, weights):
+        return iif.target_agreement(agent, dict(obs=obs, actions=actions, advantages=weights), 4)
+
+    assert agreement(*target) == pytest.approx(float(torch.stack(cos).mean()), rel=1e-10)
     same = tuple(x[:10].repeat(4, *[1] * (x.dim() - 1)) for x in target)  # four copies of one slice
-    assert iif.target_agreement(agent, same, 4) == pytest.approx(1.0, rel=1e-10)
+    assert agreement(*same) == pytest.approx(1.0, rel=1e-10)
     flipped = (same[0], same[1], torch.cat([same[2][:20], -same[2][20:]]))  # two slices point the other way
-    assert iif.target_agreement(agent, flipped, 4) == pytest.approx((2 * 1 + 4 * -1) / 6, rel=1e-10)
+    assert agreement(*flipped) == pytest.approx((2 * 1 + 4 * -1) / 6, rel=1e-10)
 
 
 def test_target_kl_stops_the_update_early():
@@ -390,9 +412,9 @@ def test_target_kl_stops_the_update_early():
     def update(target_kl):
         moved = copy.deepcopy(agent)
         args = SimpleNamespace(**{**vars(ARGS), "max_grad_norm": 0.0, "update_epochs": 10, "target_kl": target_kl})
-        n, _ = iif.ppo_update(moved, torch.optim.Adam(moved.parameters(), lr=1e-2), b, torch.arange(64), args,
+        n, _ = variants.ppo_update(moved, torch.optim.Adam(moved.parameters(), lr=1e-2), b, torch.arange(64), args,
                               np.random.default_rng(0))
-        return n, iif.approx_kl(moved, b, torch.arange(64))
+        return n, iif.approx_kl(moved, b)
 
     n_full, kl_full = update(0.0)
     assert n_full == 10 * 8 and update(1e9)[0] == n_full  # 0 disables the check; a loose bound never stops
@@ -408,5 +430,18 @@ def test_no_score_log_std_leaves_the_gaussian_log_std_out():
     g = flat_grad((logp * target[2]).mean(), agent)
     g[[name == "log_std" for name, p in agent.named_parameters() for _ in range(p.numel())]] = 0
     ref = torch.stack([-(g @ flat_grad(reference_loss(agent, b, int(i), ARGS), agent)) for i in idx])
-    torch.testing.assert_close(iif.influence(agent, b, idx, target, without), ref, rtol=1e-10, atol=1e-12)
-    assert not torch.allclose(iif.influence(agent, b, idx, target, ARGS), ref)  # log-std does count by default
+    torch.testing.assert_close(variants.influence(agent, b, idx, target, without), ref, rtol=1e-10, atol=1e-12)
+    assert not torch.allclose(variants.influence(agent, b, idx, target, ARGS), ref)  # log-std does count by default
+
+
+def test_iif_py_update_is_the_variants_update_with_the_released_choices():
+    agent, b = make_agent_and_buffer("gaussian", n=40)
+    kept = torch.arange(40)[torch.arange(40) % 4 != 0]  # 30 kept: 3 minibatches of 8 and a remainder
+    paper, variant = copy.deepcopy(agent), copy.deepcopy(agent)
+    args = SimpleNamespace(**{**vars(ARGS), "adv_norm": "minibatch"})
+    n = iif.ppo_update(paper, torch.optim.SGD(paper.parameters(), lr=0.05), b, kept, args, np.random.default_rng(3))
+    m, _ = variants.ppo_update(variant, torch.optim.SGD(variant.parameters(), lr=0.05), b, kept, args,
+                               np.random.default_rng(3))
+    assert n == m == 2 * 3
+    for p, q, r in zip(paper.parameters(), variant.parameters(), agent.parameters()):
+        assert torch.equal(p, q) and not torch.equal(p, r)

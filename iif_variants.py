@@ -1,0 +1,564 @@
+"""iif.py with every variant the experiments in results/ use, and the options of long runs.
+
+iif.py is Alg. 1 with the choices of the paper's presets. This file imports its pieces and runs the
+same loop with, in addition:
+- the released code's switches, where the paper is silent or differs (docs/method.md): --adv-norm,
+  --target-adv, --influence-loss, --score-log-std, --filter-ties, --reseed-rounds;
+- the paper's other targets and scores: --target f_action (Sec. 4.2), --influence-mode tracin
+  (Sec. 3.1, the sum over the round's optimizer steps);
+- App. C's baselines: --filter-method adv-error, adv-product (C.4), td-weight (C.5);
+- options beyond the paper: --influence-precond adam, --target-kl;
+- long runs: --resume, --eval-every, --eval-envs, --async-envs, --threads.
+With none of these set it writes what iif.py writes (tests/test_variants.py checks it).
+
+    python iif_variants.py --env-id LunarLander-v3 --eval-episodes 200 --run-name ll --resume
+    python iif_variants.py --env-id BipedalWalker-v3 --eval-every 2 --run-name bw --resume
+"""
+import collections
+import contextlib
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from typing import Literal, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.func import jvp
+
+import iif
+from iif import (PRESETS, Agent, approx_kl, collect_rollout, evaluate, fail, make_env,
+                 make_optimizer, normalize, ppo_losses, target_agreement, target_grad)
+
+
+@dataclasses.dataclass
+class Args(iif.Args):
+    filter_method: Literal[
+        "influence", "random", "none", "adv-error", "adv-product", "td-weight"] = "influence"
+    """influence: IIF; random: drop as many records at random; none: standard PPO; the baselines
+    adv-error, adv-product (App. C.4, Discrete actions) and td-weight (App. C.5)"""
+    target: Literal["f_return", "f_action"] = "f_return"
+    """target function the influence is measured on (Sec. 3.1)"""
+    target_state: Optional[str] = None
+    """f_action's state: comma-separated observation values (an index for a Discrete observation)"""
+    target_action: Optional[str] = None
+    """f_action's action: an index, or comma-separated values for a Box action"""
+    influence_mode: Literal["snapshot", "tracin"] = "snapshot"
+    """snapshot: score at theta(k) (Sec. 5.1); tracin: also sum over the round's steps (Sec. 3.1)"""
+
+    # The released code's choices (the defaults) and their alternatives (docs/method.md)
+    adv_norm: Literal["minibatch", "buffer", "none"] = "minibatch"
+    """A_hat in training: normalised per minibatch after filtering (the released code, SB3), once
+    over the buffer before filtering, or raw"""
+    target_adv: Literal["raw", "normalized"] = "raw"
+    """f_return's weights: raw GAE estimates A_hat (the paper, the released code), or normalised"""
+    influence_loss: Literal["policy", "full"] = "policy"
+    """l_i inside the influence: its policy terms (the released code), or the full PPO loss"""
+    score_log_std: bool = True
+    """count a Gaussian policy's log-std in the influence (the released code has no Gaussian
+    policy; its layer-wise scorer would leave a free parameter out)"""
+    filter_ties: Literal["keep", "drop"] = "keep"
+    """records tied with the cut: keep them (the released code), or drop exactly floor(p x n_neg)"""
+    reseed_rounds: bool = False
+    """start every round's rollout from env.reset(seed) and torch's seed, as the released
+    LunarLander and MiniGrid IIF scripts do (a process per round); off: episodes run on"""
+
+    # Beyond the paper
+    influence_precond: Literal["none", "adam"] = "none"
+    """score a record's gradient (an SGD step, the paper's), or the step Adam takes (needs adam)"""
+    target_kl: float = 0.0
+    """SB3's early stop: end a round's update once a minibatch's KL(pi_theta(k) || pi_theta) passes
+    1.5 x this; 0: off (the paper, the released code)"""
+
+    # Long runs
+    resume: bool = False
+    """continue <runs-dir>/<run-name> after its last finished round (checkpoint.pt), same flags"""
+    eval_every: int = 1
+    """test after every N-th round only (rounds N-1, 2N-1, ...; the others leave the test empty).
+    Test episodes sample from the training's torch RNG, so N also changes the rounds after a test"""
+    threads: int = 1
+    """torch CPU threads (small networks run fastest on one), and envpool's threads"""
+    async_envs: bool = False
+    """step the environments in subprocesses (pays off only for slow envs such as highway)"""
+    eval_envs: Optional[int] = None
+    """parallel test environments (None: one per episode on envpool, 16 on gymnasium)"""
+
+    # filled in by resolve_args (not flags): the preset's gym.make keyword arguments, f_action's
+    # state and action as vectors
+    env_kwargs: tyro.conf.Suppress[dict] = dataclasses.field(default_factory=dict)
+    target_obs: tyro.conf.Suppress[Optional[list]] = None
+    target_act: tyro.conf.Suppress[Optional[list]] = None
+
+
+def make_vec(args, n):
+    if args.env_backend == "envpool":
+        from iif_envpool import EnvpoolVec
+        return EnvpoolVec(args.env_id, PRESETS[args.env_id]["envpool"], n, args.threads)
+    vec = gym.vector.AsyncVectorEnv if args.async_envs else gym.vector.SyncVectorEnv
+    return vec([make_env(args.env_id) for _ in range(n)],
+               autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+# ---- Stage II with every switch: targets, influence, the filter ----
+def make_target(agent, b, args):
+    """The records and weights of the target (Sec. 3.1): f_return: every record of B(k), weighted by
+    its A_hat (raw, or with --target-adv normalized); f_action: the one chosen (s, a), weight 1."""
+    if args.target == "f_return":
+        a_hat = b["advantages"]
+        return b["obs"], b["actions"], a_hat if args.target_adv == "raw" else normalize(a_hat)
+    t_obs = torch.tensor(args.target_obs, dtype=torch.float32).reshape(1, *b["obs"].shape[1:])
+    if agent.continuous:
+        return t_obs, torch.tensor(args.target_act).reshape(1, -1), torch.ones(1)
+    return t_obs, torch.tensor([int(args.target_act[0])]), torch.ones(1)
+
+
+def scoring_advantages(b, args):
+    """The A_hat inside l_i when scored at theta(k). With --adv-norm minibatch, the buffer's
+    normalisation: the expected statistics of the minibatches the record will meet (the released
+    scorer used those of its first-epoch minibatch)."""
+    return normalize(b["advantages"]) if args.adv_norm == "minibatch" else b["advantages"]
+
+
+def influence(agent, b, idx, target, args, adv=None, precond=None):
+    """iif.influence for records idx with any target (obs, actions, weights); adv: the A_hat inside
+    l_i (default b["advantages"][idx]); --influence-loss full keeps l_i's value term,
+    --no-score-log-std leaves the log-std out of g; precond: a diagonal P per parameter
+    (adam_precond), giving I_i = <grad f, -P grad l_i>."""
+    vf_coef = 0.0 if args.influence_loss == "policy" else args.vf_coef
+    params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
+    g = target_grad(agent, params, *target)
+    if not args.score_log_std:
+        g.pop("log_std", None)
+    if precond is not None:  # <g, P grad l_i> = <P g, grad l_i> for a diagonal P
+        g = {k: gk * precond[k] for k, gk in g.items()}
+    primals = {k: params[k].detach() for k in g}
+    frozen = {k: v.detach() for k, v in params.items() if k not in g}
+
+    def losses(p):
+        return ppo_losses(agent, b, idx, args, {**frozen, **p}, adv, vf_coef)
+
+    _, dl = jvp(losses, (primals,), (g,))
+    return -dl
+
+
+def filter_records(scores, method, p, gen, ties="drop"):
+    """iif.filter_records with --filter-ties: "keep" keeps the records tied with the first one kept
+    (the released code, iif.py's only rule); "drop" drops exactly floor(p x n_negative), ties broken
+    by buffer order. Methods other than influence and random drop nothing here."""
+    n_neg = int((scores < 0).sum())
+    if method not in ("influence", "random"):
+        return torch.ones(len(scores), dtype=torch.bool), n_neg
+    n_drop = math.floor(p * n_neg + 1e-9)
+    order = torch.argsort(scores, stable=True)
+    if ties == "keep" and n_drop < len(scores):
+        n_drop = int((scores < scores[order[n_drop]]).sum())
+    if method == "random":
+        order = torch.randperm(len(scores), generator=gen)
+    kept = torch.ones(len(scores), dtype=torch.bool)
+    kept[order[:n_drop]] = False
+    return kept, n_neg
+
+
+def agreement_guard(agent, target, args):
+    """--min-agreement: (f_return's agreement, None where not computed; this round's p)"""
+    if args.target != "f_return" or args.min_agreement <= -1:
+        return None, args.filter_p
+    agreement = target_agreement(agent, dict(obs=target[0], actions=target[1],
+                                             advantages=target[2]))
+    return agreement, args.filter_p if agreement >= args.min_agreement else 0.0
+
+
+def adam_precond(agent, optimizer):
+    """--influence-precond adam: Adam moves theta by -lr m_hat / (sqrt(v_hat) + eps), so to first
+    order a record's gradient g_i moves it along P g_i with P = 1 / (sqrt(v_hat) + eps), v_hat
+    Adam's bias-corrected second moment (as LESS scores data for Adam). None before Adam's first
+    step (round 0 then scores with the plain gradient, P = 1)."""
+    beta2, eps = optimizer.param_groups[0]["betas"][1], optimizer.param_groups[0]["eps"]
+    precond = {}
+    for name, p in agent.named_parameters():
+        state = optimizer.state.get(p)
+        if not state:
+            return None
+        v_hat = state["exp_avg_sq"] / (1 - beta2 ** float(state["step"]))
+        precond[name] = 1.0 / (v_hat.sqrt() + eps)
+    return precond
+
+
+def step_precond(agent, optimizer, args):
+    return adam_precond(agent, optimizer) if args.influence_precond == "adam" else None
+
+
+# ---- Stage III with every switch ----
+def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=None):
+    """iif.ppo_update with --adv-norm, --target-kl and, with a target, the TracIn influence of
+    Sec. 3.1: summed over every step whose minibatch holds the record, each step's scores weighted
+    by the factor clipping scaled that step by, so they add up as the steps do. With sample_p
+    (App. C.5), each epoch draws its records with these probabilities, with replacement."""
+    mbs = args.minibatch_size
+    tracin = None if target is None else torch.zeros_like(b["advantages"])
+    n_updates = 0
+    for epoch in range(args.update_epochs):
+        if sample_p is None:
+            order = rng.permutation(len(kept_idx))
+        else:
+            order = rng.choice(len(kept_idx), size=len(kept_idx), p=sample_p)
+        perm = kept_idx[torch.as_tensor(order)]
+        for start in range(0, len(perm) - mbs + 1, mbs):
+            mb_inds = perm[start:start + mbs]
+            if args.target_kl > 0 and approx_kl(agent, slice_of(b, mb_inds)) > 1.5 * args.target_kl:
+                return n_updates, tracin  # the policy left the trust region of theta(k)
+            mb_adv = b["advantages"][mb_inds]
+            if args.adv_norm == "minibatch":
+                mb_adv = normalize(mb_adv)
+            if tracin is not None:  # this step's influence at its theta, timed as influence
+                with timed("t_influence", inside="t_optim"):
+                    step_scores = influence(agent, b, mb_inds, target, args, mb_adv,
+                                            step_precond(agent, optimizer, args))
+            loss = ppo_losses(agent, b, mb_inds, args, adv=mb_adv).mean()
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"non-finite PPO loss ({loss.item()}) at epoch {epoch}, step {n_updates}; "
+                    "lower --learning-rate, or clip gradients with --max-grad-norm")
+            optimizer.zero_grad()
+            loss.backward()
+            if args.max_grad_norm > 0:
+                norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            if tracin is not None:  # weighted by the factor clip_grad_norm_ scaled this step by
+                scale = 1.0
+                if args.max_grad_norm > 0:
+                    scale = min(1.0, args.max_grad_norm / (norm.item() + 1e-6))
+                tracin.index_add_(0, mb_inds, scale * step_scores)
+            optimizer.step()
+            n_updates += 1
+    return n_updates, tracin
+
+
+def slice_of(b, idx):
+    return {k: b[k][idx] for k in ("obs", "actions", "logprobs")}
+
+
+def reseed_round(envs, ep_ret, args):
+    """--reseed-rounds: the released code runs each IIF round as a new process seeded alike, so
+    every round draws the same action noise and resets the envs to the same episodes (its
+    standard PPO runs on). Returns the first observation."""
+    torch.manual_seed(args.seed)
+    ep_ret[:] = 0.0
+    return envs.reset(seed=args.seed)[0]
+
+
+# ---- Baselines of App. C.4 and C.5 ----
+def baseline_filter(b, kept, args):
+    """--filter-method adv-error, adv-product (App. C.4): their kept mask replaces the filter's;
+    td-weight (App. C.5): minibatch sampling probabilities. Returns (kept, sample_p)."""
+    if args.filter_method in ("adv-error", "adv-product"):
+        T, N = args.num_steps, args.num_envs
+        keys = np.array([o.tobytes() for o in b["obs"].numpy().reshape(T * N, -1)]).reshape(T, N)
+        a_mc = mc_advantage(keys, b["actions"].numpy().reshape(T, N, -1)[..., 0],
+                            b["rewards"].numpy().reshape(T, N), b["dones"].numpy().reshape(T, N),
+                            args.gamma)
+        a_hat = (b["returns"] - b["values"]).double()  # the GAE estimate before normalising
+        return advantage_filter(torch.from_numpy(a_mc.reshape(-1)), a_hat, args.filter_method,
+                                args.filter_p), None
+    if args.filter_method == "td-weight":
+        return kept, td_sampling_probs(b, args.gamma)
+    return kept, None
+
+
+def mc_advantage(states, actions, rewards, dones, gamma):
+    """Monte-Carlo advantage from the buffer itself (Sec. 4.1, App. C.4; for discrete observations
+    that recur): A_mc(s, a) = mean discounted return after the visits of (s, a) - mean after the
+    visits of s. Arrays are (steps, envs); states hold hashable keys. Only finished episodes'
+    returns count; a pair never seen in a finished episode gets nan."""
+    T, N = rewards.shape
+    returns = np.full((T, N), np.nan)
+    for e in range(N):
+        g, complete = 0.0, False
+        for t in reversed(range(T)):
+            if dones[t, e]:
+                g, complete = 0.0, True
+            g = rewards[t, e] + gamma * g
+            returns[t, e] = g if complete else np.nan
+    q, v = {}, {}
+    for s, a, g in zip(states.ravel(), actions.ravel(), returns.ravel()):
+        if not np.isnan(g):
+            q.setdefault((s, a), []).append(g)
+            v.setdefault(s, []).append(g)
+    return np.array([np.mean(q[(s, a)]) - np.mean(v[s]) if (s, a) in q else np.nan
+                     for s, a in zip(states.ravel(), actions.ravel())]).reshape(T, N)
+
+
+def advantage_filter(a_mc, a_hat, method, p):
+    """App. C.4: the candidates are the records whose Monte-Carlo advantage a_mc and estimate a_hat
+    disagree in sign; drops floor(p x n_candidates) of them, largest |a_mc - a_hat| first
+    ('adv-error') or most negative a_mc x a_hat first ('adv-product'). Returns the kept mask."""
+    mismatch = a_mc * a_hat < 0  # False where a_mc is nan
+    badness = (a_mc - a_hat).abs() if method == "adv-error" else -a_mc * a_hat
+    order = torch.argsort(torch.where(mismatch, badness, -torch.inf), descending=True, stable=True)
+    n_drop = math.floor(p * int(mismatch.sum()) + 1e-9)
+    kept = torch.ones(len(a_mc), dtype=torch.bool)
+    kept[order[:n_drop]] = False
+    return kept
+
+
+def td_sampling_probs(b, gamma, alpha=0.6):
+    """App. C.5 (after prioritised replay): rank records by |TD error| r + gamma V(s') - V(s),
+    priority P_i = 1 / rank(i), sampling probability P_i^alpha / sum_j P_j^alpha."""
+    delta = b["rewards"] + gamma * b["next_values"] * (1 - b["terminations"]) - b["values"]
+    rank = torch.empty(len(delta))
+    order = torch.argsort(delta.abs(), descending=True, stable=True)
+    rank[order] = torch.arange(1.0, len(delta) + 1)
+    w = rank.double() ** -alpha
+    return (w / w.sum()).numpy()
+
+
+# ---- The loop of Alg. 1 with every switch ----
+def main(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)  # minibatch shuffling
+    gen = torch.Generator().manual_seed(args.seed)  # random filtering
+    envs = make_vec(args, args.num_envs)
+    eval_envs = make_vec(args, min(args.eval_envs, args.eval_episodes))
+    agent = Agent(envs.single_observation_space, envs.single_action_space)
+    optimizer = make_optimizer(agent, args)
+    run = Run(args, agent, optimizer, rng, gen)  # the run folder; --resume restores its last round
+    next_obs, _ = envs.reset(seed=args.seed + 100_000 * run.start)  # a resumed run: new episodes
+    ep_ret = np.zeros(args.num_envs)
+    all_records = torch.arange(args.batch_size)
+    try:
+        for k in range(run.start, args.num_rounds):
+            seconds.clear()
+            if args.reseed_rounds:
+                next_obs = reseed_round(envs, ep_ret, args)
+            # Stage I (Alg. 1)
+            with timed("t_rollout"):
+                b, next_obs, train_return = collect_rollout(agent, envs, next_obs, ep_ret, args)
+
+            # Stage II (Alg. 1)
+            with timed("t_influence"):
+                target = make_target(agent, b, args)
+                if args.adv_norm == "buffer":  # once over B(k): scoring and training see one A_hat
+                    b["advantages"] = normalize(b["advantages"])
+                precond = step_precond(agent, optimizer, args)
+                scores = influence(agent, b, all_records, target, args, scoring_advantages(b, args),
+                                   precond)
+                if not torch.isfinite(scores).all():
+                    raise FloatingPointError("non-finite influence scores; lower --learning-rate")
+                agreement, p = agreement_guard(agent, target, args)
+                kept, n_negative = filter_records(scores, args.filter_method, p, gen,
+                                                  args.filter_ties)
+                kept, sample_p = baseline_filter(b, kept, args)  # App. C replaces the filter
+
+            # Stage III (Alg. 1)
+            theta_k = None
+            if args.save_rounds:
+                theta_k = {key: v.clone() for key, v in agent.state_dict().items()}
+            with timed("t_optim"):
+                n_updates, tracin = ppo_update(
+                    agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng,
+                    target if args.influence_mode == "tracin" else None, sample_p)
+
+            with timed("t_eval"):
+                test = (None, None)
+                if (k + 1) % args.eval_every == 0:
+                    test = evaluate(agent, eval_envs, args.eval_episodes, args.seed + 10_000)
+
+            row = dict(round=k, global_step=(k + 1) * args.batch_size,
+                       train_return=None if math.isnan(train_return) else train_return,
+                       test_return_mean=test[0], test_return_std=test[1],
+                       n_records=args.batch_size, n_kept=int(kept.sum()),
+                       n_dropped=int((~kept).sum()), n_negative=n_negative, agreement=agreement,
+                       n_updates=n_updates, kl=approx_kl(agent, b), **seconds)
+            run.end_round(row, dict(b, round=k, global_step=row["global_step"], state_dict=theta_k,
+                                    influence=scores, kept=kept, influence_tracin=tracin,
+                                    target=args.target))
+    except FloatingPointError as e:
+        fail(f"round {k}: {e}")
+    run.finish(agent)
+    envs.close()
+    eval_envs.close()
+
+
+# ---- The flags ----
+def resolve_args(args):
+    """iif.resolve_args, then the flags of this file and f_action's state and action."""
+    if args.run_name is None and args.resume:
+        fail("--resume needs the --run-name of the run to continue")
+    iif.resolve_args(args)
+    args.env_kwargs = PRESETS.get(args.env_id, {}).get("env_kwargs", {})
+    for key in ("eval_every", "threads"):
+        if getattr(args, key) < 1:
+            fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
+    if args.target_kl < 0:
+        fail(f"--target-kl must be 0 (off) or positive, got {args.target_kl}")
+    if args.influence_precond == "adam" and args.optimizer != "adam":
+        fail(f"--influence-precond adam scores the steps Adam takes; --optimizer is "
+             f"{args.optimizer} (use --influence-precond none)")
+    if args.influence_mode == "tracin" and not args.save_rounds:
+        fail("--influence-mode tracin writes its scores into the round files: add --save-rounds")
+    if args.eval_envs is None:
+        args.eval_envs = args.eval_episodes if args.env_backend == "envpool" else 16
+    if args.eval_envs < 1:
+        fail(f"--eval-envs must be at least 1, got {args.eval_envs}")
+    if args.filter_method not in ("adv-error", "adv-product") and args.target != "f_action":
+        return args
+    env = make_env(args.env_id)()
+    raw_obs_space, obs_space, act_space = (env.unwrapped.observation_space, env.observation_space,
+                                           env.action_space)
+    env.close()
+    discrete = isinstance(act_space, gym.spaces.Discrete)
+    if args.filter_method in ("adv-error", "adv-product") and not discrete:
+        fail(f"--filter-method {args.filter_method} needs a Discrete action space (App. C.4)")
+    if args.target == "f_action":
+        if args.target_state is None or args.target_action is None:
+            fail("--target f_action needs --target-state and --target-action")
+        s = parse_values("--target-state", args.target_state)
+        if isinstance(raw_obs_space, gym.spaces.Discrete) and len(s) == 1:
+            s = np.eye(int(raw_obs_space.n))[int(s[0])].tolist()
+        if len(s) != int(np.prod(obs_space.shape)):
+            fail(f"--target-state has {len(s)} values; an observation of shape {obs_space.shape} "
+                 f"needs {int(np.prod(obs_space.shape))}")
+        a = parse_values("--target-action", args.target_action)
+        if len(a) != (1 if discrete else act_space.shape[0]) or (
+                discrete and not 0 <= a[0] < act_space.n):
+            fail(f"--target-action {args.target_action!r} is not an action of {act_space}")
+        args.target_obs, args.target_act = s, a
+    return args
+
+
+def parse_values(flag, text):
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        fail(f"{flag} takes comma-separated numbers, got {text!r}")
+
+
+# ---- The run folder (config.json, metrics.csv, round files, --resume) and timing ----
+# flags a resumed run may change, and the values resolve_args derives from the others
+NOT_COMPARED = ("resume", "threads", "runs_dir", "batch_size", "num_rounds", "env_kwargs",
+                "target_obs", "target_act")
+# flags newer than some saved runs: a config.json without them was made with them off
+ADDED_FLAGS = dict(min_agreement=-1.0, influence_precond="none", target_kl=0.0, score_log_std=True,
+                   reseed_rounds=False)
+
+
+class Run:
+    """<runs-dir>/<run-name>/: config.json, metrics.csv (a row per round), rounds/round_KKKK.pt
+    (--save-rounds), checkpoint.pt (the state after the last finished round) and agent.pt."""
+
+    def __init__(self, args, agent, optimizer, rng, gen):
+        """Write config.json and open metrics.csv; with --resume, restore the state after the last
+        finished round into the agent, the optimizer and the generators, and keep its rows."""
+        self.args, self.dir = args, os.path.join(args.runs_dir, args.run_name)
+        self.state = agent, optimizer, rng, gen
+        ckpt = load_checkpoint(self.dir, args)
+        os.makedirs(os.path.join(self.dir, "rounds") if args.save_rounds else self.dir,
+                    exist_ok=True)
+        with open(os.path.join(self.dir, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(args), f, indent=1)
+        self.start, rows = 0, []  # the first round to run
+        if ckpt is not None:
+            agent.load_state_dict(ckpt["agent"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+            torch.set_rng_state(ckpt["torch_rng"])
+            rng.bit_generator.state = ckpt["numpy_rng"]
+            gen.set_state(ckpt["filter_rng"])
+            self.start = ckpt["round"] + 1
+            with open(os.path.join(self.dir, "metrics.csv")) as f:  # rows after it are redone
+                rows = [r for r in csv.DictReader(f) if int(r["round"]) < self.start]
+        self.file = open(os.path.join(self.dir, "metrics.csv"), "w", newline="")
+        self.writer = csv.DictWriter(self.file, fieldnames=iif.METRICS)
+        self.writer.writeheader()
+        self.writer.writerows(rows)
+        self.file.flush()
+        print(f"{args.env_id} on {args.env_backend}: {args.num_rounds} rounds of {args.batch_size} "
+              f"records, filter {args.filter_method} p={args.filter_p}, {args.optimizer} "
+              f"lr={args.learning_rate}, {args.eval_episodes} test episodes every "
+              f"{args.eval_every} round(s) -> {self.dir}"
+              + (f" (resumed at round {self.start})" if self.start else ""))
+
+    def end_round(self, row, round_file):
+        """Write the round's row, its round file (--save-rounds), then the checkpoint (a run
+        killed before this redoes the round), and print its line."""
+        k, a, (agent, optimizer, rng, gen) = row["round"], self.args, self.state
+        self.writer.writerow(row)
+        self.file.flush()
+        if a.save_rounds:
+            torch.save(round_file, os.path.join(self.dir, "rounds", f"round_{k:04d}.pt"))
+        save_checkpoint(os.path.join(self.dir, "checkpoint.pt"), dict(
+            round=k, agent=agent.state_dict(), optimizer=optimizer.state_dict(),
+            torch_rng=torch.get_rng_state(), numpy_rng=rng.bit_generator.state,
+            filter_rng=gen.get_state()))
+        test = "-"
+        if row["test_return_mean"] is not None:
+            test = f"{row['test_return_mean']:.3f} +- {row['test_return_std']:.3f}"
+        train = "(no episode ended)"
+        if row["train_return"] is not None:
+            train = f"{row['train_return']:.3f}"
+        agree = "" if row["agreement"] is None else f" agree {row['agreement']:+.2f}"
+        print(f"round {k} [{k + 1}/{a.num_rounds}] step {row['global_step']} "
+              f"| train {train} test {test} "
+              f"| kept {row['n_kept']}/{a.batch_size} (neg {row['n_negative']}{agree}) "
+              f"| s: rollout {row['t_rollout']:.2f} influence {row['t_influence']:.2f} "
+              f"optim {row['t_optim']:.2f} eval {row['t_eval']:.2f}", flush=True)
+
+    def finish(self, agent):
+        torch.save(agent.state_dict(), os.path.join(self.dir, "agent.pt"))
+        self.file.close()
+
+
+def save_checkpoint(path, state):
+    torch.save(state, path + ".tmp")
+    os.replace(path + ".tmp", path)  # atomic: a run killed while saving keeps the previous one
+
+
+def load_checkpoint(run_dir, args):
+    """The state after the last finished round of run_dir, or None to start at round 0."""
+    if not args.resume:
+        if os.path.exists(os.path.join(run_dir, "metrics.csv")):
+            fail(f"{run_dir}/metrics.csv exists: add --resume to continue it, "
+                 "or choose another --run-name")
+        return None
+    path = os.path.join(run_dir, "checkpoint.pt")
+    if not os.path.exists(path):
+        return None
+    with open(os.path.join(run_dir, "config.json")) as f:
+        saved = {**ADDED_FLAGS, **json.load(f)}
+    flags = [f.name for f in dataclasses.fields(Args) if f.name not in NOT_COMPARED]
+    changed = [f"--{k.replace('_', '-')} {saved.get(k)} (now {getattr(args, k)})" for k in flags
+               if saved.get(k) != getattr(args, k)]
+    if changed:
+        fail(f"--resume: {run_dir} was run with other flags: {'; '.join(changed)}")
+    return torch.load(path, weights_only=False)
+
+
+seconds = collections.defaultdict(float)  # metrics.csv's t_* columns of the round under way
+
+
+@contextlib.contextmanager
+def timed(column, inside=None):
+    """Add the block's seconds to seconds[column], and take them off the column of the block it
+    runs inside (TracIn's scores, computed inside the update, count as influence only)."""
+    t0 = time.perf_counter()
+    yield
+    t = time.perf_counter() - t0
+    seconds[column] += t
+    if inside:
+        seconds[inside] -= t
+
+
+if __name__ == "__main__":
+    torch.distributions.Distribution.set_default_validate_args(False)  # checks slow the rollout
+    args = resolve_args(tyro.cli(Args, description=__doc__.split("\n\n")[0]))
+    try:
+        main(args)
+    except KeyboardInterrupt:
+        sys.exit(f"\ninterrupted: every finished round is in "
+                 f"{os.path.join(args.runs_dir, args.run_name)}/metrics.csv; "
+                 "the same command with --resume continues the run")
