@@ -147,7 +147,7 @@ def influence(agent, b, idx, target, args, adv=None, precond=None):
     return -dl
 
 
-def filter_records(scores, method, p, gen, ties="drop"):
+def filter_records(scores, method, p, gen, ties="keep"):
     """iif.filter_records with --filter-ties: "keep" keeps the records tied with the first one kept
     (the released code, iif.py's only rule); "drop" drops exactly floor(p x n_negative), ties broken
     by buffer order. Methods other than influence and random drop nothing here."""

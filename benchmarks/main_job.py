@@ -8,7 +8,7 @@ whole fresh process timed by the wall clock, imports included; both use one torc
 alternate and the ratio is the median over the pairs.
 
     pip install stable-baselines3   # for this benchmark only
-    python benchmarks/main_job.py [--repeats 3]
+    python benchmarks/main_job.py [--repeats 3] > results/figures/main_job.md   # progress goes to stderr
 """
 import argparse
 import os
@@ -51,8 +51,8 @@ if __name__ == "__main__":
             header, last = out.splitlines()[0], out.splitlines()[-1]
             sb3.append(timed([sys.executable, "-c", SB3], tmp)[0])
             rows.append(f"| {rep + 1} | {ours[-1]:.0f} | {sb3[-1]:.0f} | {ours[-1] / sb3[-1]:.2f} |")
-            print(rows[-1], flush=True)
-    print(f"\n{header}\n{last}\n")
+            print(rows[-1], file=sys.stderr, flush=True)  # progress; the table below is the printout
+    print(f"{header}\n{last}\n")
     print("| pair | iif.py main job (s) | SB3 PPO training (s) | ratio |")
     print("|---|---|---|---|")
     print("\n".join(rows))

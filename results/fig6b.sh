@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Fig. 6(b) under the paper's test protocol (docs/results.md, "Fig. 6(b) tested every round"): each
 # paper preset unchanged, 5 seeds of standard PPO, IIF and random filtering, tested every round.
-# LunarLander: 200 fresh test episodes a round (the paper's 1000 cost 18 s a round on a 2-core CPU,
-# 45 min a run); BipedalWalker: 100 every 2nd round (every round would cost 2.8 h a run of test
-# episodes alone). highway-v0's preset already tests 100 episodes every round (reproduce.sh).
+# LunarLander: 200 fresh test episodes a round instead of the paper's 1000; BipedalWalker: 100
+# every 2nd round. highway-v0's preset already tests 100 episodes every round.
 # Runs go to $RUNS/<env>__<method>__<seed>/ (RUNS defaults to results/runs), seed by seed;
 # resumable (see reproduce.sh); JOBS in parallel (default 1); FLAGS are added to every iif_variants.py call.
 # The earlier 3-seed runs, tested every 5th (LunarLander) or 10th (BipedalWalker) round, are in

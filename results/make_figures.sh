@@ -177,3 +177,6 @@ fi
 V="first-release released-code no-clip keep-ties raw-target minibatch-norm policy-loss"  # bash results/ablation.sh
 python analysis.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 \
   --complete FrozenLake-v1=50 Acrobot-v1=50 MiniGrid-Empty-8x8-v0=40 > $F/ablation.md
+# FrozenLake's recipes on the seeds 1-3 that every recipe has (first-release and released-code also have 4-6)
+python analysis.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 --seeds 1 2 3 \
+  --complete FrozenLake-v1=50 > $F/ablation_frozenlake_seeds123.md

@@ -163,23 +163,24 @@ def test_snapshot_is_the_first_tracin_term():
 
 def test_influence_filter_drops_floor_p_of_negatives_most_negative_first():
     scores = torch.tensor([0.5, -3.0, -1.0, 2.0, -2.0, -0.5, 0.0, -4.0])  # 5 negatives
-    kept, n_neg = variants.filter_records(scores, "influence", 0.5, torch.Generator().manual_seed(0))
+    kept, n_neg = variants.filter_records(scores, "influence", 0.5, torch.Generator().manual_seed(0), ties="drop")
     assert n_neg == 5
     assert sorted(torch.nonzero(~kept).flatten().tolist()) == [1, 7]  # floor(2.5) = 2: -4 and -3
-    kept, _ = variants.filter_records(scores, "influence", 1.0, torch.Generator())
+    kept, _ = variants.filter_records(scores, "influence", 1.0, torch.Generator(), ties="drop")
     assert sorted(torch.nonzero(~kept).flatten().tolist()) == [1, 2, 4, 5, 7]  # p = 1: every negative, 0.0 kept
-    kept, _ = variants.filter_records(scores, "influence", 0.1, torch.Generator())
+    kept, _ = variants.filter_records(scores, "influence", 0.1, torch.Generator(), ties="drop")
     assert kept.all()  # floor(0.5) = 0
 
 
 def test_filter_ties_by_buffer_order_and_no_negatives():
     scores = torch.tensor([-1.0, 3.0, -1.0, -1.0, -1.0])
-    kept, _ = variants.filter_records(scores, "influence", 0.5, torch.Generator())
+    kept, _ = variants.filter_records(scores, "influence", 0.5, torch.Generator(), ties="drop")
     assert torch.nonzero(~kept).flatten().tolist() == [0, 2]
     for method in ("influence", "random"):
-        kept, n_neg = variants.filter_records(torch.tensor([0.0, 1.0, 2.0]), method, 1.0, torch.Generator())
+        kept, n_neg = variants.filter_records(torch.tensor([0.0, 1.0, 2.0]), method, 1.0, torch.Generator(),
+                                              ties="drop")
         assert n_neg == 0 and kept.all()
-    kept, n_neg = variants.filter_records(torch.tensor([-1.0, -2.0]), "none", 1.0, torch.Generator())
+    kept, n_neg = variants.filter_records(torch.tensor([-1.0, -2.0]), "none", 1.0, torch.Generator(), ties="drop")
     assert n_neg == 2 and kept.all()
 
 
@@ -198,9 +199,9 @@ def test_random_filter_drops_the_same_count_uniformly():
 
 def test_keep_ties_drops_only_records_strictly_below_the_cut():
     scores = torch.tensor([-2.0, 1.0, -3.0, -2.0, -1.0, -2.0, 0.5])  # 5 negatives: floor(0.5 x 5) = 2 to drop
-    kept, _ = variants.filter_records(scores, "influence", 0.5, torch.Generator())
+    kept, _ = variants.filter_records(scores, "influence", 0.5, torch.Generator(), ties="drop")
     assert torch.nonzero(~kept).flatten().tolist() == [0, 2]  # -3, then the first -2 in buffer order
-    for keep_ties in (iif.filter_records, lambda *a: variants.filter_records(*a, ties="keep")):
+    for keep_ties in (iif.filter_records, variants.filter_records):
         kept, _ = keep_ties(scores, "influence", 0.5, torch.Generator())
         assert torch.nonzero(~kept).flatten().tolist() == [2]  # the cut's score is -2: every -2 stays
         kept, _ = keep_ties(scores, "random", 0.5, torch.Generator().manual_seed(0))
@@ -215,7 +216,7 @@ def test_keep_ties_drops_only_records_strictly_below_the_cut():
 
 def test_floor_is_robust_to_float_rounding():
     scores = -torch.ones(100)
-    kept, _ = variants.filter_records(scores, "influence", 0.29, torch.Generator())
+    kept, _ = variants.filter_records(scores, "influence", 0.29, torch.Generator(), ties="drop")
     assert int((~kept).sum()) == 29 == math.floor(29.0)
 
 
