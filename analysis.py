@@ -504,6 +504,7 @@ def load_config(run_dir):
         config["adv_norm"] = "buffer" if config.pop("norm_adv") else "none"
         config.setdefault("influence_loss", "full")
         config.setdefault("target_adv", "normalized" if config["adv_norm"] == "buffer" else "raw")
+        config.setdefault("filter_ties", "drop")
     config.setdefault("env_backend", "gymnasium")
     for key, value in variants.ADDED_FLAGS.items():
         config.setdefault(key, value)

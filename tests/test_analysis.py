@@ -1,18 +1,21 @@
 """analysis.py: metrics against hand-computed examples, and every subcommand on tiny runs."""
 import argparse
+import contextlib
 import csv
+import io
 import dataclasses
 import math
 import os
 import re
 import shutil
-import subprocess
 import sys
+from unittest import mock
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import tyro
 
 import analysis
 import iif
@@ -117,10 +120,15 @@ def test_spearman_with_ties():
     assert analysis.spearman(np.arange(5.0), -np.arange(5.0)) == pytest.approx(-1.0)
 
 
-def sh(*cmd):
-    proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+def sh(script, *argv):
+    """What `python analysis.py ...` or `python iif.py ...` prints, run in this process (it imports torch once)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), mock.patch.object(sys, "argv", [script, *argv]):
+        if script == "analysis.py":
+            analysis.main()
+        else:
+            iif.main(iif.resolve_args(tyro.cli(iif.Args, args=list(argv))))
+    return out.getvalue()
 
 
 def iif_run(runs, name, *flags):
@@ -198,9 +206,8 @@ def test_frozenlake_diagnostics_subcommands(frozenlake_runs, tmp_path):
     out = sh("analysis.py", "behavior-formation", "--run", saved, "--neighbours", "5", "--action", str(other),
              "--out", str(tmp_path / "f2.png"))
     assert f"action [{other}] in state" in out
-    proc = subprocess.run([sys.executable, "analysis.py", "behavior-formation", "--run", saved, "--action", "7"],
-                          capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode != 0 and "--action 7: no record of round" in proc.stderr
+    with pytest.raises(SystemExit, match="--action 7: no record of round"):
+        sh("analysis.py", "behavior-formation", "--run", saved, "--action", "7")
     out = sh("analysis.py", "rescore", "--run", saved, "--change", "no-score-log-std")
     rows = re.findall(r"^\| \d+ \| (\S+) \| (\S+) \| (\d+) / (\d+) \| (\S+) \|$", out, re.M)
     assert len(rows) == 6 and all(float(r[0]) < 1e-5 for r in rows)  # the run's own scores, rescored

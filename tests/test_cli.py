@@ -1,17 +1,23 @@
 """iif.py and iif_variants.py end to end through their command lines."""
+import contextlib
 import csv
+import io
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
+import tyro
+
 import iif
+import iif_variants as variants
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHORT = ["--total-timesteps", "64", "--num-steps", "32", "--minibatch-size", "16", "--update-epochs", "2",
@@ -19,8 +25,18 @@ SHORT = ["--total-timesteps", "64", "--num-steps", "32", "--minibatch-size", "16
 
 
 def run(tmp_path, *flags, check=True, script="iif.py"):
-    cmd = [sys.executable, os.path.join(ROOT, script), "--runs-dir", str(tmp_path), "--run-name", "r", *flags]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    """The script's command line, run in this process (it imports torch once for all the tests): its exit code,
+    stdout and stderr, where a flag's error message is whatever the script exits with."""
+    module = iif if script == "iif.py" else variants
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            module.main(module.resolve_args(tyro.cli(module.Args, args=[
+                "--runs-dir", str(tmp_path), "--run-name", "r", *flags])))
+        except SystemExit as e:  # any other exception fails the test with its traceback
+            code = e.code if isinstance(e.code, int) else 1
+            print("" if isinstance(e.code, int) else e.code, file=sys.stderr)
+    proc = SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=err.getvalue())
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -197,13 +213,13 @@ def test_interrupt_keeps_every_written_round(tmp_path):
 
 
 def test_iif_solves_frozenlake_within_the_paper_budget(tmp_path):
-    # The test return is the success rate of the *stochastic* policy over 1000 episodes. Exactly 1.0
-    # needs pi(a*|s) > 0.9998 at each of the 6 steps, which SGD at 5e-3 reaches only now and then
-    # (seed 1: 0.999 at best); 0.99 means 990 of 1000 sampled episodes reach the goal.
-    run(tmp_path, "--env-id", "FrozenLake-v1", "--filter-p", "0.5")
+    # The test return is the success rate of the *stochastic* policy (here over 200 episodes, the preset's
+    # 1000 cost 5 times as much). 0.99 means 198 of 200 sampled episodes reach the goal.
+    # The paper's budget is 50 rounds; IIF reaches 0.99 in 17 to 21 (results/figures/efficiency_frozenlake.md)
+    run(tmp_path, "--env-id", "FrozenLake-v1", "--eval-episodes", "200", "--total-timesteps", "61440")
     returns = [float(r["test_return_mean"]) for r in read_metrics(tmp_path)]
-    assert len(returns) == 50
-    assert max(returns) >= 0.99 and min(returns[-10:]) >= 0.98
+    assert len(returns) == 30
+    assert max(returns) >= 0.99 and min(returns[-5:]) >= 0.98
 
 
 def test_highway_preset_config_is_applied():

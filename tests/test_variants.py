@@ -55,7 +55,7 @@ def test_iif_py_writes_what_iif_variants_py_writes_without_variant_flags(tmp_pat
 @pytest.mark.parametrize("module, run_dir", [
     (iif, "results/runs/FrozenLake-v1__influence__1"),  # made before the split; iif.py fixes its other flags
     (variants, "results/generic/target-normalized/CartPole-v1__influence__1"),  # a variant flag
-    (variants, "results/ablation/first-release/Acrobot-v1__influence__1"),  # a config.json older than the flags
+    (variants, "results/ablation/first-release/FrozenLake-v1__influence__1"),  # a config.json older than the flags
 ])
 def test_committed_runs_rerun_identically(tmp_path, module, run_dir):
     import analysis
