@@ -626,7 +626,8 @@ def cmd_bottom_records(args):
 @dataclass
 class Dropped:
     """what the filter dropped, round by round: by action, by the sign of A_hat, by episode outcome,
-    with the target's agreement and how far the round moved the policy"""
+    with the target's agreement and how far the round moved the policy on the kept and the dropped
+    records"""
     run: str
     """an iif.py run made with --save-rounds"""
     every: int = 1
@@ -650,13 +651,21 @@ def cmd_dropped(args):
         fail("dropped reads episodes from step order: a run with --num-envs 1")
     metrics = read_metrics(os.path.join(args.run, "metrics.csv"))
     rounds = saved_rounds(args.run)[::args.every]
-    print("| round | test | agreement | KL | dropped | A_hat > 0: dropped / all "
+    print("| round | test | agreement | KL | KL, kept | KL, dropped | dropped | A_hat > 0: dropped / all "
           "| from episodes with return > 0: dropped / all "
           "| most over-dropped action: dropped / all |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    saved = set(saved_rounds(args.run))
     for k in rounds:
         b = load_round(args.run, k)
         agent = agent_for(config, b["state_dict"])
+        moved = {"kept": math.nan, "dropped": math.nan}  # KL(pi_theta(k) || pi_theta(k+1)) on each part
+        if k + 1 in saved:
+            after = agent_for(config, load_round(args.run, k + 1)["state_dict"])
+            for part, mask in (("kept", b["kept"]), ("dropped", ~b["kept"])):
+                if mask.any():
+                    moved[part] = iif.approx_kl(after, {key: b[key][mask] for key in
+                                                        ("obs", "actions", "logprobs")})
         adv = raw_advantages(b)
         weights = torch.as_tensor(adv if config["target_adv"] == "raw" else iif.normalize(adv))
         agreement = iif.target_agreement(agent, dict(b, advantages=weights))
@@ -664,7 +673,8 @@ def cmd_dropped(args):
         success = episode_returns(b) > 0
         row = metrics[k]
         cells = [f"{row['test_return_mean']:.3f}", f"{agreement:+.2f}",
-                 f"{row.get('kl', math.nan):.3f}", f"{drop.sum()}"]
+                 f"{row.get('kl', math.nan):.3g}", f"{moved['kept']:.3g}", f"{moved['dropped']:.3g}",
+                 f"{drop.sum()}"]
         if not drop.any():
             print(f"| {k} | {' | '.join(cells)} | - | - | - |")
             continue
@@ -680,7 +690,9 @@ def cmd_dropped(args):
             cells.append("-")
         print(f"| {k} | {' | '.join(cells)} |")
     print("\nagreement: mean pairwise cosine of grad f_return over 8 slices of B(k); KL: the "
-          "round's KL(pi_theta(k) || pi_theta(k+1)) from metrics.csv (nan where not logged)")
+          "round's KL(pi_theta(k) || pi_theta(k+1)) on B(k) from metrics.csv (nan where not logged); "
+          "KL, kept / dropped: the same on the records the update trained on / the ones it dropped "
+          "(theta(k+1) from the next round file; nan for the last)")
 
 
 CHANGES = {  # rescore --change: the flags it sets

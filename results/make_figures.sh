@@ -174,6 +174,13 @@ fi
 if [ -d $D/MiniGrid-DoorKey-5x5-v0__influence__1/rounds ]; then
   python analysis.py dropped --run $D/MiniGrid-DoorKey-5x5-v0__influence__1 > $F/dropped_doorkey.md
 fi
+# how far an IIF round moves the records it trains on and those it drops; the runs:
+#   python iif.py --env-id ENV --save-rounds --total-timesteps 40960 --runs-dir results/diagnostics --run-name ENV__influence__1
+for env in FrozenLake-v1 Acrobot-v1; do
+  if [ -d $D/${env}__influence__1/rounds ]; then
+    python analysis.py dropped --run $D/${env}__influence__1 > $F/dropped_$(echo ${env%%-*} | tr A-Z a-z).md
+  fi
+done
 V="first-release released-code no-clip keep-ties raw-target minibatch-norm policy-loss"  # bash results/ablation.sh
 python analysis.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 \
   --complete FrozenLake-v1=50 Acrobot-v1=50 MiniGrid-Empty-8x8-v0=40 > $F/ablation.md

@@ -37,7 +37,7 @@ ENVS = {
 # tested every 2nd round; the first 250 rounds of the 500 in results/runs, as results/bipedalwalker-climb
 FULL = {"BipedalWalker-v3": ["--eval-every", "2", "--total-timesteps", "512000"]}
 NO_KL = ("FrozenLake-v1", "Acrobot-v1", "MiniGrid-Empty-8x8-v0")  # runs/ made before the kl column
-MULTIPLES = (1.25, 1.5, 2, 3, 5)
+MULTIPLES = (1.25, 1.5, 2, 3, 5, 10, 20)
 PILOT_ROUNDS = 20
 
 
@@ -47,7 +47,8 @@ def preset_lr(env_id):
 
 
 def run(runs, env_id, label, seed, flags):
-    """iif_variants.py into <runs>/<env>__<label>__<seed>, resumed if unfinished, skipped if finished."""
+    """iif_variants.py into <runs>/<env>__<label>__<seed>, resumed if unfinished, skipped if finished;
+    False if it stopped with an error (a learning rate that diverges: its message is in <run>.err)."""
     name, rounds = f"{env_id}__{label}__{seed}", None
     path = os.path.join(runs, name, "metrics.csv")
     os.makedirs(runs, exist_ok=True)
@@ -59,9 +60,13 @@ def run(runs, env_id, label, seed, flags):
             rounds = json.load(f)["num_rounds"]
         with open(path) as f:
             if sum(1 for _ in f) - 1 >= rounds:
-                return
+                return True
     print(" ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    with open(os.path.join(runs, name + ".err"), "w") as err:
+        ok = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err).returncode == 0
+    if ok:
+        os.remove(os.path.join(runs, name + ".err"))
+    return ok
 
 
 def method_flags(label, env_id):
@@ -101,12 +106,17 @@ def stage_pilot(envs):
            "|---|---|---|" + "---|" * len(MULTIPLES) + "---|"]
     choice = picked() if os.path.exists(os.path.join(OUT, "multiples.json")) else {}
     for env_id in ENVS:
-        if not all(os.path.exists(os.path.join(pilot, f"{env_id}__{lb}__1", "metrics.csv")) for lb in labels):
+        paths = {lb: os.path.join(pilot, f"{env_id}__{lb}__1") for lb in labels}
+        if not all(os.path.exists(os.path.join(p, "metrics.csv")) or os.path.exists(p + ".err")
+                   for p in paths.values()):
             continue
-        kl = {lb: kl_of(os.path.join(pilot, f"{env_id}__{lb}__1")) for lb in labels}
-        best = min(MULTIPLES, key=lambda m: abs(math.log(kl[f"lr{m:g}x"] / kl["influence"])))
+        # a run that stopped (a non-finite loss) has no KL: "diverged"
+        kl = {lb: math.nan if os.path.exists(p + ".err") else kl_of(p) for lb, p in paths.items()}
+        trained = [m for m in MULTIPLES if not math.isnan(kl[f"lr{m:g}x"])]
+        best = min(trained, key=lambda m: abs(math.log(kl[f"lr{m:g}x"] / kl["influence"])))
         choice[env_id] = best
-        out.append(f"| {env_id} | " + " | ".join(f"{kl[lb]:.2g}" for lb in labels) + f" | {best:g} |")
+        out.append(f"| {env_id} | " + " | ".join("diverged" if math.isnan(kl[lb]) else f"{kl[lb]:.2g}"
+                                                 for lb in labels) + f" | {best:g} |")
     with open(os.path.join(OUT, "multiples.json"), "w") as f:
         json.dump(choice, f, indent=1)
     with open(os.path.join(OUT, "pilot.md"), "w") as f:

@@ -230,8 +230,12 @@ def test_dropped_subcommand(tmp_path):
     out = sh("analysis.py", "dropped", "--run", saved)
     rows = [line.split(" | ") for line in out.splitlines() if re.match(r"\| \d", line)]
     metrics = analysis.read_metrics(os.path.join(saved, "metrics.csv"))
-    assert [int(r[4]) for r in rows] == [int(m["n_dropped"]) for m in metrics] and len(rows) == 2
-    assert all(-1 <= float(r[2]) <= 1 and float(r[3]) == pytest.approx(m["kl"], abs=1e-3) for r, m in zip(rows, metrics))
+    assert [int(r[6]) for r in rows] == [int(m["n_dropped"]) for m in metrics] and len(rows) == 2
+    assert all(-1 <= float(r[2]) <= 1 and float(r[3]) == pytest.approx(m["kl"], rel=1e-2) for r, m in zip(rows, metrics))
+    # round 0: the KL over B(k) is the record-weighted mean of the KL on the kept and on the dropped records
+    (kept, dropped), m = (float(x) for x in rows[0][4:6]), metrics[0]
+    assert (m["n_kept"] * kept + m["n_dropped"] * dropped) / m["n_records"] == pytest.approx(m["kl"], rel=1e-2)
+    assert rows[1][4] == rows[1][5] == "nan"  # no round file after the last
 
 
 def test_minigrid_bottom_records(tmp_path):
