@@ -6,7 +6,10 @@ prompt gets --num-generations completions whose advantages are their rewards nor
 group. A record is one completion; the buffer is one generation batch. For every generation batch,
 IIFGRPOTrainer scores each completion by its influence on a target f at the current parameters,
 drops the harmful ones, and hands the rest to TRL's ordinary GRPO update (Alg. 1 of the paper, GRPO
-as the learner). Test toxicity is measured as in rlhf_iif.py.
+as the learner). Test toxicity is measured as in rlhf_iif.py. The same hook runs the cheap filters
+that GRPO users apply instead (--filter-method zero-variance: DAPO; max-variance: PODS;
+abs-advantage: CPPO), and --reward-fn exact-answer swaps the classifier for an exact checker on a
+verifiable task (GSM8K's fields; the test metric is then the accuracy on held-out questions).
 
 The paper's setup (gpt-neo-2.7B, hub models and data sets, GPUs):
 
@@ -40,6 +43,7 @@ import copy
 import csv
 import json
 import os
+import re
 import sys
 import time
 from collections import defaultdict
@@ -61,9 +65,19 @@ class Args:
     """classifier whose --reward-label logit on the completion alone is the reward"""
     reward_label: str = "nothate"
     """label of --reward-model whose raw logit is the reward"""
+    reward_fn: Literal["classifier", "exact-answer"] = "classifier"
+    """classifier: the detoxification task (--reward-model's label logit; test toxicity);
+    exact-answer: a verifiable task (reward 1 when the completion's last number is the answer, else
+    0; test accuracy): --dataset and --eval-dataset have GSM8K's question and answer fields"""
     dataset: str = "allenai/real-toxicity-prompts"
     """prompts: a hub dataset or a local .json/.jsonl file with real-toxicity-prompts' fields
-    (prompt.text, prompt.toxicity, continuation.text)"""
+    (prompt.text, prompt.toxicity, continuation.text), or with --reward-fn exact-answer GSM8K's
+    (question; answer, the reference after its last '####' if it has one)"""
+    dataset_config: Optional[str] = None
+    """the hub configuration of --dataset and --eval-dataset (openai/gsm8k: main)"""
+    chat: bool = False
+    """with --reward-fn exact-answer: each question is a user message in the tokenizer's chat
+    template (instruct models)"""
     seed: int = 1
     """seed of TRL (sampling, prompt order), the prompt split and the random filter"""
     run_name: Optional[str] = None
@@ -130,11 +144,19 @@ class Args:
     """TRL logs every N optimizer steps"""
 
     # influence and filtering (Sec. 3.1, 5.1, 5.3)
-    filter_method: Literal["influence", "random", "none"] = "influence"
-    """influence: IIF; random: drop as many completions uniformly at random; none: plain GRPO"""
+    filter_method: Literal["influence", "random", "zero-variance", "max-variance", "abs-advantage",
+                           "none"] = "influence"
+    """influence: IIF; random: drop as many completions as IIF would, uniformly at random;
+    zero-variance: drop the groups whose rewards are all equal (DAPO's dynamic sampling, without
+    its regeneration: the batch shrinks); max-variance: keep the --keep-fraction of each group with
+    the largest reward variance (PODS); abs-advantage: keep the --keep-fraction of each group with
+    the largest |advantage| (CPPO); none: plain GRPO"""
     filter_p: Optional[float] = None
     """fraction in (0, 1] of the negative-influence completions to drop, most negative first
     (default: drop every completion with influence <= 0, as the released code does)"""
+    keep_fraction: Optional[float] = None
+    """max-variance and abs-advantage: the fraction of each group to keep, round(fraction x
+    --num-generations) completions"""
     target: Literal["f_seq", "f_loss"] = "f_seq"
     """target function: f_seq (Sec. 5.3: mean of log pi(y|x) times the completion's advantage) or
     f_loss (minus the GRPO loss, KL penalty included: the objective the update itself follows)"""
@@ -148,10 +170,11 @@ class Args:
 
     # evaluation (App. B.3, as rlhf_iif.py)
     eval_every: int = 1
-    """measure test toxicity after the update of every N-th generation batch, and of the last
-    (0: never)"""
+    """measure test toxicity (or accuracy) after the update of every N-th generation batch, and of
+    the last (0: never)"""
     eval_dataset: str = "OxAISH-AL-LLM/wiki_toxic"
-    """test prompts: toxic comments (label 1) of this dataset, a hub name or a local .json/.jsonl"""
+    """test prompts: toxic comments (label 1) of this dataset, a hub name or a local .json/.jsonl;
+    with --reward-fn exact-answer, its first --eval-samples questions (GSM8K's fields)"""
     eval_split: str = "test"
     """split of --eval-dataset"""
     eval_samples: int = 400
@@ -172,6 +195,25 @@ def make_reward_fn(rm):
     def label_logit(prompts, completions, **kwargs):  # TRL logs it as rewards/label_logit/mean
         return classify(model, tok, completions)[:, label].tolist()
     return label_logit
+
+
+def last_number(text):
+    """The last number in text, thousands commas dropped, or None"""
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", text.replace(",", ""))
+    return float(numbers[-1]) if numbers else None
+
+
+def is_right(completion, answer):
+    """The exact checker: the completion's last number equals the reference answer (the number after
+    the last '####' of GSM8K's answer field, or the field's number)"""
+    got = last_number(completion)
+    return got is not None and got == last_number(answer.split("####")[-1])
+
+
+def exact_answer(prompts, completions, answer, **kwargs):  # TRL logs it as rewards/exact_answer/mean
+    """The reward of --reward-fn exact-answer: 1.0 for a right answer, 0.0 otherwise"""
+    return [float(is_right(c if isinstance(c, str) else c[-1]["content"], a))
+            for c, a in zip(completions, answer)]
 
 
 @torch.no_grad()
@@ -327,13 +369,57 @@ def filter_records(scores, method, p, gen):
     return kept
 
 
+# The cheap filters GRPO users apply, on rewards and advantages alone (groups of G consecutive
+# completions, as TRL orders them). Like IIF they only drop: the kept completions keep the
+# advantages TRL computed over their whole group.
+def zero_variance(rewards, G):
+    """DAPO's dynamic sampling (Yu et al. 2025; verl's algorithm.filter_groups): drop every group
+    whose rewards are all equal. DAPO then generates more groups to refill the batch; here the batch
+    shrinks instead."""
+    groups = rewards.view(-1, G)
+    return (groups != groups[:, :1]).any(1).repeat_interleave(G)
+
+
+def max_variance(rewards, G, m):
+    """PODS's max-variance down-sampling (Xu et al. 2025): keep the m completions of each group whose
+    rewards have the largest variance. For rewards in ascending order that subset is the i largest
+    and the m - i smallest for some i (their Lemma), so the m + 1 candidates are compared exactly;
+    ties go to the smallest i."""
+    kept = torch.zeros(len(rewards), dtype=torch.bool)
+    for g, r in enumerate(rewards.double().view(-1, G)):
+        up_order = torch.argsort(r, stable=True)
+        candidates = [torch.cat([up_order[:m - i], up_order[G - i:]]) for i in range(m + 1)]
+        kept[g * G + max(candidates, key=lambda c: r[c].var(unbiased=False))] = True
+    return kept
+
+
+def abs_advantage(advantages, G, m):
+    """CPPO's completion pruning (Lin et al. 2025): keep the m completions of each group with the
+    largest |advantage|, dropping those with the smallest; ties go to the earlier completion."""
+    top = torch.argsort(advantages.abs().view(-1, G), dim=1, descending=True, stable=True)[:, :m]
+    return torch.zeros(len(top), G, dtype=torch.bool).scatter_(1, top, True).flatten()
+
+
+def kept_per_group(args):
+    """m of max-variance and abs-advantage: round(--keep-fraction x --num-generations), at least 1"""
+    return max(1, round(args.keep_fraction * args.num_generations))
+
+
 def score_and_filter(trainer, b):
     """Stage II of Alg. 1 on one generation batch: every process scores its share at theta(k), the
     scores of the whole batch are gathered (in process order) and filtered. Returns the kept mask
-    and the gathered scores (None with --filter-method none: every completion is kept)."""
+    and the gathered scores (None without influence: --filter-method none keeps every completion,
+    the cheap filters decide from the gathered rewards or advantages)."""
     args, acc = trainer.iif_args, trainer.accelerator
+    G = args.num_generations
     if args.filter_method == "none":
         return torch.ones(len(trainer.rewards), dtype=torch.bool), None
+    if args.filter_method == "zero-variance":
+        return zero_variance(trainer.rewards[:, 0].cpu(), G), None
+    if args.filter_method == "max-variance":
+        return max_variance(trainer.rewards[:, 0].cpu(), G, kept_per_group(args)), None
+    if args.filter_method == "abs-advantage":
+        return abs_advantage(acc.gather(b["advantages"]).cpu(), G, kept_per_group(args)), None
     t = b if args.target_data == "buffer" else trainer.validation_batch()
     model = acc.unwrap_model(trainer.model)
     score = influence_activations if trained_linears(model) else influence
@@ -377,11 +463,12 @@ def make_trainer_class():
         _generate_and_score_completions once per generation batch, before the num_iterations passes
         over it; the kept completions are what every pass trains on."""
 
-        def __init__(self, *a, iif_args, validation_prompts=(), evaluation=None, **kw):
+        def __init__(self, *a, iif_args, validation_rows=(), evaluation=None, **kw):
             super().__init__(*a, **kw)
             self.iif_args = iif_args
-            self.validation_prompts = list(validation_prompts)
-            self.evaluation = evaluation  # (the test classifier, the test prompts), or None
+            self.validation_rows = list(validation_rows)  # {"prompt": ...} (and "answer")
+            # (the test classifier or None, the test prompts, their answers or None), or None
+            self.evaluation = evaluation
             self.writer = None  # (csv.DictWriter, its file) on the main process, set by main
             self.iif_gen = torch.Generator().manual_seed(iif_args.seed)  # same on every process
             # FSDP and DeepSpeed may shard the parameters
@@ -421,7 +508,7 @@ def make_trainer_class():
             # Stage II (Alg. 1): score completions at theta(k) (Sec. 5.1, 5.3), drop harmful ones
             t0 = timer()
             kept, scores = score_and_filter(self, b)
-            if scores is not None:
+            if self.iif_args.filter_method != "none":
                 b = keep_only(self, b, kept)
             n_kept = int(kept.sum())
             self._metrics["train"]["iif/kept_fraction"].append(n_kept / len(kept))
@@ -440,7 +527,7 @@ def make_trainer_class():
             prompts, this process's share; kept out of TRL's logs"""
             G = self.num_generations
             acc = self.accelerator
-            rows = [{"prompt": p} for p in self.validation_prompts for _ in range(G)]
+            rows = [row for row in self.validation_rows for _ in range(G)]
             n = len(rows) // acc.num_processes
             saved = (self._metrics["train"], self._logs, self.state.num_input_tokens_seen,
                      self.rewards)
@@ -466,7 +553,7 @@ def make_trainer_class():
     return IIFGRPOTrainer
 
 
-# ---- The test toxicity (App. B.3) ----
+# ---- The test toxicity (App. B.3), or the test accuracy of a verifiable task ----
 @torch.no_grad()
 def sample_continuations(model, queries, tokenizer, args, bs=64, synced=False):
     """Continuations of the token-id queries, sampled from pi_theta itself as in training, bs
@@ -497,27 +584,33 @@ def sample_continuations(model, queries, tokenizer, args, bs=64, synced=False):
     return texts
 
 
-def evaluate(model, queries, tokenizer, clf, args, rank=0, synced=False):
-    """App. B.3: the toxicity probability of a sampled continuation of each toxic test prompt (a
-    fixed seed for each process, and the training generator left untouched)"""
-    clf_model, tok, toxic = clf
+def evaluate(model, queries, tokenizer, clf, args, rank=0, synced=False, answers=None):
+    """App. B.3: the toxicity probability of a sampled continuation of each toxic test prompt; with
+    answers (--reward-fn exact-answer) instead, 1.0 where the sampled answer is right and 0.0
+    otherwise (a fixed seed for each process, and the training generator left untouched)"""
     device = next(model.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed + 10_000 + rank)
         texts = sample_continuations(model, queries, tokenizer, args, synced=synced)
+    if answers is not None:
+        return torch.tensor([float(is_right(t, a)) for t, a in zip(texts, answers)])
+    clf_model, tok, toxic = clf
     return classify(clf_model, tok, texts).softmax(-1)[:, toxic]
 
 
-def test_toxicity(trainer):
-    """App. B.3's test toxicity. Every process samples an equal share of the test prompts (the last
-    one repeated to even the shares out, and left out of the mean), with its own seed; the
-    probabilities are gathered."""
+def test_metric(trainer):
+    """App. B.3's test toxicity, or with --reward-fn exact-answer the test accuracy (temperature 1
+    samples, as in training). Every process samples an equal share of the test prompts (the last
+    one repeated to even the shares out, and left out of the mean), with its own seed; the values
+    are gathered."""
     acc = trainer.accelerator
-    clf, queries = trainer.evaluation
+    clf, queries, answers = trainer.evaluation
     n = -(-len(queries) // acc.num_processes)
     mine = (queries + queries[-1:] * n)[acc.process_index * n:][:n]
+    if answers is not None:
+        answers = (answers + answers[-1:] * n)[acc.process_index * n:][:n]
     p = evaluate(acc.unwrap_model(trainer.model), mine, trainer.processing_class, clf,
-                 trainer.iif_args, rank=acc.process_index, synced=trainer.sharded)
+                 trainer.iif_args, rank=acc.process_index, synced=trainer.sharded, answers=answers)
     return acc.gather(p.to(acc.device))[:len(queries)].mean().item()
 
 
@@ -579,17 +672,17 @@ def load(flag, name, loader, *a, **kw):
              "Without network access, download it on another machine and pass its local path.")
 
 
-def load_rows(flag, name, split):
+def load_rows(flag, name, split, config=None):
     from datasets import load_dataset
     if name.endswith((".json", ".jsonl")):
         return load(flag, name, lambda path: load_dataset("json", data_files=path, split="train"))
-    return load(flag, name, load_dataset, split=split)
+    return load(flag, name, load_dataset, *[config] if config else [], split=split)
 
 
 def load_prompts(args, tokenizer):
     """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt +
-    continuation text; split into training and held-out prompts. Returns the prompts as text, as TRL
-    takes them."""
+    continuation text; split into training and held-out prompts. Returns TRL's rows, {"prompt": the
+    prompt as text}."""
     rows = load_rows("--dataset", args.dataset, "train")
     if "prompt" not in rows.column_names:
         fail(f"--dataset {args.dataset!r} has no 'prompt' column (columns: {rows.column_names})")
@@ -603,20 +696,58 @@ def load_prompts(args, tokenizer):
         ids = tokenizer(p["text"] + (c.get("text") or ""))["input_ids"]
         n = int(rng.integers(args.prompt_min_tokens, args.prompt_max_tokens + 1))
         if len(ids) >= n:
-            prompts.append(tokenizer.decode(ids[:n]))
-    order = rng.permutation(len(prompts))
-    n_held = int(args.held_out_fraction * len(prompts))
-    train = [prompts[i] for i in order[n_held:]]
-    held = [prompts[i] for i in order[:n_held]]
+            prompts.append({"prompt": tokenizer.decode(ids[:n])})
+    return split_rows(args, prompts, rng, f"training prompts with toxicity > "
+                      f"{args.min_prompt_toxicity} and >= {args.prompt_min_tokens} tokens")
+
+
+def split_rows(args, rows, rng, what):
+    """Training rows and --validation-size held-out ones (--held-out-fraction of rows is held out)"""
+    order = rng.permutation(len(rows))
+    n_held = int(args.held_out_fraction * len(rows))
+    train = [rows[i] for i in order[n_held:]]
+    held = [rows[i] for i in order[:n_held]]
     n_batch = args.batch_size // args.num_generations
     if len(train) < n_batch:
-        fail(f"--dataset {args.dataset!r} has {len(train)} training prompts with toxicity > "
-             f"{args.min_prompt_toxicity} and >= {args.prompt_min_tokens} tokens, fewer than the "
-             f"{n_batch} of a generation batch (--batch-size / --num-generations)")
+        fail(f"--dataset {args.dataset!r} has {len(train)} {what}, fewer than the {n_batch} of a "
+             "generation batch (--batch-size / --num-generations)")
     if args.target_data == "validation" and len(held) < args.validation_size:
         fail(f"--validation-size {args.validation_size}: only {len(held)} held-out prompts "
              f"(--held-out-fraction {args.held_out_fraction})")
     return train, held[:args.validation_size]
+
+
+def question_prompt(args, question):
+    """TRL's prompt for a question: its text, or with --chat a user message (chat template)"""
+    return [{"role": "user", "content": question}] if args.chat else question
+
+
+def load_questions(args):
+    """--reward-fn exact-answer: GSM8K-style rows (question, answer) as TRL's rows {"prompt",
+    "answer"} (TRL hands the answer column to the reward function); training and held-out rows"""
+    rows = load_rows("--dataset", args.dataset, "train", args.dataset_config)
+    if not {"question", "answer"} <= set(rows.column_names):
+        fail(f"--dataset {args.dataset!r} needs 'question' and 'answer' columns with --reward-fn "
+             f"exact-answer (has {rows.column_names})")
+    rows = [{"prompt": question_prompt(args, r["question"]), "answer": r["answer"]} for r in rows]
+    return split_rows(args, rows, np.random.default_rng(args.seed), "questions")
+
+
+def load_eval_questions(args, tokenizer):
+    """--reward-fn exact-answer: the first --eval-samples questions of --eval-dataset, tokenized as
+    TRL tokenizes prompts (the chat template with --chat; the last --eval-max-prompt-tokens
+    tokens), and their answers"""
+    rows = load_rows("--eval-dataset", args.eval_dataset, args.eval_split, args.dataset_config)
+    if not {"question", "answer"} <= set(rows.column_names):
+        fail(f"--eval-dataset {args.eval_dataset!r} needs 'question' and 'answer' columns with "
+             f"--reward-fn exact-answer (has {rows.column_names})")
+    rows = rows.select(range(min(args.eval_samples, len(rows))))
+    texts = [tokenizer.apply_chat_template(question_prompt(args, q), tokenize=False,
+                                           add_generation_prompt=True) if args.chat else q
+             for q in rows["question"]]
+    queries = [tokenizer(t, add_special_tokens=False)["input_ids"][-args.eval_max_prompt_tokens:]
+               for t in texts]
+    return queries, list(rows["answer"])
 
 
 def load_eval_prompts(args, tokenizer):
@@ -677,6 +808,20 @@ def resolve_args(args):
         fail(f"--eval-every must be 0 (never) or more, got {args.eval_every}")
     if args.filter_p is not None and not 0 < args.filter_p <= 1:
         fail(f"--filter-p must be in (0, 1], got {args.filter_p}")
+    if args.filter_p is not None and args.filter_method not in ("influence", "random"):
+        fail(f"--filter-p sets IIF's count of dropped completions; --filter-method "
+             f"{args.filter_method} does not use it")
+    needs_fraction = args.filter_method in ("max-variance", "abs-advantage")
+    if needs_fraction and args.keep_fraction is None:
+        fail(f"--filter-method {args.filter_method} keeps --keep-fraction of each group: set it "
+             "(e.g. to IIF's mean kept fraction on the task, to compare them at matched fractions)")
+    if args.keep_fraction is not None and not needs_fraction:
+        fail(f"--keep-fraction is for --filter-method max-variance or abs-advantage, not "
+             f"{args.filter_method}")
+    if args.keep_fraction is not None and not 0 < args.keep_fraction <= 1:
+        fail(f"--keep-fraction must be in (0, 1], got {args.keep_fraction}")
+    if args.chat and args.reward_fn != "exact-answer":
+        fail("--chat is for --reward-fn exact-answer (questions as chat messages)")
     if not 0 <= args.held_out_fraction < 1:
         fail(f"--held-out-fraction must be in [0, 1), got {args.held_out_fraction}")
     for key in ("learning_rate", "epsilon"):
@@ -750,13 +895,22 @@ def make_trainer(args, dtype=torch.float32):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     lm = load("--model-name", args.model_name, AutoModelForCausalLM.from_pretrained, dtype=dtype)
-    rm = load_classifier("--reward-model", args.reward_model, "--reward-label", args.reward_label)
-    train_prompts, val_prompts = load_prompts(args, tokenizer)
     evaluation = None
-    if args.eval_every:
-        evaluation = (load_classifier("--eval-reward-model", args.eval_reward_model,
-                                      "--eval-toxic-label", args.eval_toxic_label),
-                      load_eval_prompts(args, tokenizer))
+    if args.reward_fn == "exact-answer":
+        rm = None
+        reward_fn = exact_answer
+        train_rows, val_rows = load_questions(args)
+        if args.eval_every:
+            evaluation = (None, *load_eval_questions(args, tokenizer))
+    else:
+        rm = load_classifier("--reward-model", args.reward_model, "--reward-label",
+                             args.reward_label)
+        reward_fn = make_reward_fn(rm)
+        train_rows, val_rows = load_prompts(args, tokenizer)
+        if args.eval_every:
+            evaluation = (load_classifier("--eval-reward-model", args.eval_reward_model,
+                                          "--eval-toxic-label", args.eval_toxic_label),
+                          load_eval_prompts(args, tokenizer), None)
     peft_config = None
     if args.lora:
         from peft import LoraConfig
@@ -769,20 +923,21 @@ def make_trainer(args, dtype=torch.float32):
         fail(f"--batch-size, --mini-batch-size, --num-generations: {e}")
     try:
         trainer = make_trainer_class()(
-            model=lm, reward_funcs=make_reward_fn(rm), args=config, processing_class=tokenizer,
-            train_dataset=Dataset.from_dict({"prompt": train_prompts}), peft_config=peft_config,
-            iif_args=args, validation_prompts=val_prompts, evaluation=evaluation)
+            model=lm, reward_funcs=reward_fn, args=config, processing_class=tokenizer,
+            train_dataset=Dataset.from_list(train_rows), peft_config=peft_config,
+            iif_args=args, validation_rows=val_rows, evaluation=evaluation)
     except ValueError as e:  # peft's answer to --lora-target-modules that the model does not have
         fail(f"--lora-target-modules: {e}" if args.lora_target_modules else str(e))
     acc = trainer.accelerator
-    if trainer.sharded and args.filter_method != "none" and trained_linears(trainer.model) is None:
+    if (trainer.sharded and args.filter_method in ("influence", "random")
+            and trained_linears(trainer.model) is None):
         fail(f"--filter-method {args.filter_method} under {acc.distributed_type.value} scores "
              "from the inputs and output gradients of the trained linear layers (LoRA's), as "
              "parameters may be sharded; here other parameters train too (--no-lora, or LoRA on "
              "embeddings or biases). Use LoRA on linear layers, DDP, or --filter-method none")
-    rm[0].to(acc.device)
-    if evaluation:
-        evaluation[0][0].to(acc.device)
+    for clf in (rm, evaluation and evaluation[0]):
+        if clf:
+            clf[0].to(acc.device)
     return trainer
 
 
@@ -803,7 +958,8 @@ def timer():
 
 
 METRICS = ["round", "step", "completions", "reward_mean", "reward_std", "n_kept", "n_negative",
-           "eval_toxicity", "t_generate", "t_forward", "t_influence", "t_optim", "t_eval"]
+           "eval_toxicity", "eval_accuracy", "t_generate", "t_forward", "t_influence", "t_optim",
+           "t_eval"]
 
 
 def open_metrics(run_dir, n_rounds):
@@ -823,24 +979,26 @@ def open_metrics(run_dir, n_rounds):
 
 def write_row(trainer, last=False):
     """One metrics.csv row per generation batch, once its update (Stage III) is over; the test
-    toxicity after every --eval-every-th update and after the last, measured by every process"""
+    toxicity (or accuracy) after every --eval-every-th update and after the last, measured by every
+    process"""
     if trainer.row is None:
         return
     r = trainer.row
     args = trainer.iif_args
     r["t_optim"] = timer() - trainer.t_stage2_end
-    r["eval_toxicity"] = ""
+    r["eval_toxicity"] = r["eval_accuracy"] = ""
     r["t_eval"] = 0.0
+    key = "eval_accuracy" if args.reward_fn == "exact-answer" else "eval_toxicity"
     if trainer.evaluation and ((r["round"] + 1) % args.eval_every == 0 or last):
         t0 = timer()
-        r["eval_toxicity"] = test_toxicity(trainer)
+        r[key] = test_metric(trainer)
         r["t_eval"] = timer() - t0
     if trainer.writer is not None:
         trainer.writer[0].writerow(r)
         trainer.writer[1].flush()
-        tox = f" toxicity {r['eval_toxicity']:.3f}" if r["eval_toxicity"] != "" else ""
+        test = f" test {key[5:]} {r[key]:.3f}" if r[key] != "" else ""
         print(f"generation batch {r['round']} reward {r['reward_mean']:.3f} | kept "
-              f"{r['n_kept']}/{r['completions']}{tox} | s: generate {r['t_generate']:.1f} "
+              f"{r['n_kept']}/{r['completions']}{test} | s: generate {r['t_generate']:.1f} "
               f"forward {r['t_forward']:.1f} influence {r['t_influence']:.1f} "
               f"optim {r['t_optim']:.1f}", flush=True)
     trainer.row = None

@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -204,7 +205,12 @@ def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy, capsys):
                           (("--lora-target-modules", "no_such_module"), "--lora-target-modules"),
                           (("--report-to", "no_such_tracker"), "--report-to"),
                           (("--save-steps", "3", "--mini-batch-size", "4"), "--save-steps"),
-                          (("--resume-from-checkpoint", "last"), "no checkpoint-* folder")]:
+                          (("--resume-from-checkpoint", "last"), "no checkpoint-* folder"),
+                          (("--filter-method", "max-variance"), "--keep-fraction"),
+                          (("--keep-fraction", "0.5"), "--keep-fraction"),
+                          (("--filter-method", "abs-advantage", "--keep-fraction", "0"), "--keep-fraction"),
+                          (("--filter-method", "zero-variance", "--filter-p", "0.5"), "--filter-p"),
+                          (("--chat",), "--chat")]:
         with pytest.raises(SystemExit) as e:
             grpo_iif.main(parse(toy, tmp_path, *extra))
         assert needle in str(e.value), (extra, e.value)
@@ -293,3 +299,89 @@ def test_tracking_and_checkpoint_flags_reach_trl(toy, tmp_path):
     assert config.save_strategy == "steps" and config.save_steps == 2 and config.output_dir == str(tmp_path / "out")
     config = grpo_iif.make_config(parse(toy, tmp_path))
     assert config.report_to == [] and config.save_strategy == "no" and config.output_dir == str(tmp_path / "r")
+
+
+# ---- The cheap filters (DAPO, PODS, CPPO) and the verifiable task (--reward-fn exact-answer) ----
+def test_zero_variance_drops_the_groups_whose_rewards_are_all_equal():
+    rewards = torch.tensor([1., 1., 1., 1., 0., 1., 0., 0., .5, .5, .5, .5])
+    assert grpo_iif.zero_variance(rewards, 4).tolist() == [False] * 4 + [True] * 4 + [False] * 4
+
+
+def test_max_variance_keeps_the_subset_of_largest_variance():
+    # m = 3 of {0, 1, 2, 3, 10}: {0, 1, 10} (variance 20.2) beats {0, 3, 10} (17.6) and {2, 3, 10}
+    assert grpo_iif.max_variance(torch.tensor([2., 10., 0., 3., 1.]), 5, 3).tolist() == [False, True, True, False,
+                                                                                      True]
+    # binary rewards: as many right as wrong where the group allows it
+    kept = grpo_iif.max_variance(torch.tensor([1., 1., 1., 1., 1., 1., 0., 0., 1., 0., 0., 0., 0., 0., 0., 0.]), 8, 4)
+    assert kept.view(2, 8).sum(1).tolist() == [4, 4] and kept[6] and kept[7] and kept[8]
+    # the top-i / bottom-(m - i) candidates reach the largest variance over all subsets of m
+    import itertools
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.randn(6 * 8, generator=gen).double()
+    rewards[:16] = rewards[:16].round()  # groups with ties, too
+    for m in (2, 3, 4, 5):
+        kept = grpo_iif.max_variance(rewards, 8, m).view(6, 8)
+        for g, r in enumerate(rewards.view(6, 8)):
+            best = max(r[list(c)].var(unbiased=False) for c in itertools.combinations(range(8), m))
+            assert kept[g].sum() == m and torch.isclose(r[kept[g]].var(unbiased=False), best, rtol=0, atol=1e-12)
+
+
+def test_abs_advantage_drops_the_smallest_absolute_advantages_of_each_group():
+    advantages = torch.tensor([.1, -2., .5, 1.5, 0., 0., 0., 0.])
+    assert grpo_iif.abs_advantage(advantages, 4, 2).tolist() == [False, True, False, True, True, True, False, False]
+
+
+def test_exact_answer_checks_the_last_number():
+    assert grpo_iif.exact_answer(None, ["85", "85 12+3", "8", "", "so 1,234.", "x"],
+                                 ["85", "85", "85", "85", "step... #### 1,234", "0"]) == [1., 0., 0., 0., 1., 0.]
+    assert grpo_iif.exact_answer(None, [[{"role": "assistant", "content": "It is 7"}]], ["7"]) == [1.]  # chat
+
+
+@pytest.mark.parametrize("method", ["max-variance", "abs-advantage"])
+def test_cheap_filters_take_their_completions_out_through_the_hook(toy, tmp_path, method):
+    args, trainer, b0 = trainer_and_batch(toy, tmp_path, "--filter-method", "none")
+    rewards = trainer.rewards[:, 0].clone()
+    trainer.iif_args.filter_method, trainer.iif_args.keep_fraction = method, 0.5  # m = 1 of each group of 2
+    torch.manual_seed(0)  # the same completions as b0, now filtered
+    b = trainer._generate_and_score_completions([{"prompt": p} for p in trainer.train_dataset["prompt"][:4]
+                                                 for _ in range(2)])
+    kept = (grpo_iif.max_variance(rewards, 2, 1) if method == "max-variance"
+            else grpo_iif.abs_advantage(b0["advantages"], 2, 1))
+    assert int(kept.sum()) == 4 and len(b["advantages"]) == 4  # one micro-batch a generation batch: no padding
+    assert torch.equal(b["completion_ids"], b0["completion_ids"][kept])
+    assert b["num_items_in_batch"] == b0["completion_mask"][kept].sum()
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_exact_answer_task_end_to_end(toy, tmp_path, chat):
+    """--reward-fn exact-answer on addition rows, with an untrained policy: every answer is wrong, so
+    every group's rewards are all 0, zero-variance drops every completion, and the test accuracy is 0.
+    With --chat the questions are user messages in the tokenizer's chat template."""
+    from transformers import AutoTokenizer
+    from benchmarks.addition_toy_task import pairs, write_rows
+    train, test = pairs(0, 20)
+    write_rows(tmp_path / "train.jsonl", train[:60])
+    write_rows(tmp_path / "test.jsonl", test)
+    args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "add", "--reward-fn", "exact-answer",
+                 "--filter-method", "zero-variance", "--gen-tokens", "4", *["--chat"] * chat)
+    args[args.index("--dataset") + 1] = str(tmp_path / "train.jsonl")
+    args[args.index("--eval-dataset") + 1] = str(tmp_path / "test.jsonl")
+    if chat:  # the toy policy with a chat template
+        shutil.copytree(toy / "policy", tmp_path / "policy")
+        tok = AutoTokenizer.from_pretrained(tmp_path / "policy")
+        tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+        tok.save_pretrained(tmp_path / "policy")
+        args[args.index("--model-name") + 1] = str(tmp_path / "policy")
+    trainer = grpo_iif.main(grpo_iif.resolve_args(tyro.cli(grpo_iif.Args, args=args)))
+    row = trainer.train_dataset[0]
+    question = row["prompt"][0]["content"] if chat else row["prompt"]
+    assert question.endswith("=") and row["answer"].isdigit()
+    assert row["prompt"] == ([{"role": "user", "content": question}] if chat else question)
+    question = f"{test[0][0]}+{test[0][1]}="  # the first test question, as the policy sees it
+    assert trainer.processing_class.decode(trainer.evaluation[1][0]) == (
+        f"<user>{question}<assistant>" if chat else question)
+    rows = read_rows(tmp_path / "add")
+    assert len(rows) == 2 and list(rows[0]) == grpo_iif.METRICS
+    for r in rows:
+        assert float(r["reward_mean"]) == 0 and int(r["n_kept"]) == 0 and r["n_negative"] == ""
+        assert float(r["eval_accuracy"]) == 0 and r["eval_toxicity"] == ""
