@@ -67,7 +67,8 @@ MAX_EPISODE_STEPS = 1000  # the time limit of an env registered without one
 @dataclasses.dataclass
 class Args:
     env_id: str = "Acrobot-v1"
-    """gymnasium id: a paper preset, or any env with Box/Discrete spaces (module:id also works)"""
+    """gymnasium id: a paper preset, or any env with Box/Discrete spaces (or module:id); one
+    registered without a time limit gets one of MAX_EPISODE_STEPS = 1000"""
     total_timesteps: Optional[int] = None
     """environment steps of training, a multiple of num-steps x num-envs (None: the preset's)"""
     optimizer: Optional[Literal["sgd", "adam"]] = None
