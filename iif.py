@@ -169,8 +169,8 @@ def mlp(n_in, n_out, out_std):
 
 
 class Agent(nn.Module):
-    """SB3's default actor-critic (App. B.2): separate 64-64 tanh MLPs for policy and value, behind a
-    CNN shared by both for images (MiniGrid); a Box action: a Gaussian with a state-free log-std."""
+    """SB3's default actor-critic (App. B.2): separate 64-64 tanh MLPs for policy and value, behind
+    a CNN shared by both for images (MiniGrid); a Box action: a Gaussian, state-free log-std."""
 
     def __init__(self, obs_space, act_space):
         super().__init__()
@@ -224,9 +224,9 @@ def env_action(agent, action, act_space):
 
 # ---- Stage I of Alg. 1: the rollout buffer B(k) and its advantages (Sec. 2.1) ----
 def collect_rollout(agent, envs, next_obs, ep_ret, args):
-    """B(k): num-steps steps of every env with the policy at theta(k), with log pi(a|s), V(s) and GAE
-    advantages; record t * num_envs + e is step t of env e. Also returns the next observation and
-    the mean return of the episodes that ended (nan if none); ep_ret carries those under way."""
+    """B(k): num-steps steps of every env with the policy at theta(k), with log pi(a|s), V(s) and
+    GAE advantages; record t * num_envs + e is step t of env e. Also returns the next observation
+    and the mean return of the episodes that ended (nan if none); ep_ret carries those under way."""
     T, N, act_space = args.num_steps, args.num_envs, envs.single_action_space
     obs = np.zeros((T, N) + envs.single_observation_space.shape, dtype=np.float32)
     actions = np.zeros((T, N) + act_space.shape, dtype=np.float32 if agent.continuous else np.int64)
@@ -372,7 +372,7 @@ def make_optimizer(agent, args):
 
 def ppo_update(agent, optimizer, b, kept_idx, args, rng):
     """The usual PPO epochs over the kept records. Minibatches keep their size, and each epoch's
-    remainder is skipped (the released code), so a filtered round takes fewer steps. Returns them."""
+    remainder is skipped (the released code), so a filtered round takes fewer steps: returned."""
     n_updates = 0
     for epoch in range(args.update_epochs):
         perm = kept_idx[torch.as_tensor(rng.permutation(len(kept_idx)))]
@@ -562,7 +562,8 @@ def resolve_args(args):
 
 if __name__ == "__main__":
     torch.distributions.Distribution.set_default_validate_args(False)  # checks slow the rollout
-    args = resolve_args(tyro.cli(Args))
+    presets = f"{__doc__.splitlines()[0]} Presets: {', '.join(PRESETS)}."
+    args = resolve_args(tyro.cli(Args, description=presets))
     try:
         main(args)
     except KeyboardInterrupt:
