@@ -339,6 +339,8 @@ class Curves:
     """labels to draw (default: all found)"""
     out: str = "curves.png"
     """PNG to write"""
+    rounds: int = 0
+    """draw the first N rounds of each run only (0: all)"""
 
 
 def cmd_curves(args):
@@ -363,6 +365,7 @@ def cmd_curves(args):
             if not runs[label]:
                 continue
             n = min(len(rows) for rows in runs[label].values())
+            n = min(n, args.rounds or n)
             curves = np.array([[r["test_return_mean"] for r in rows[:n]]
                                for rows in runs[label].values()])
             x = np.arange(1, n + 1)

@@ -141,41 +141,52 @@ def stage_control(envs, seeds):
                 run(runs, env_id, label, s, [*ENVS[env_id][0], *FULL.get(env_id, []), *method_flags(label, env_id)])
 
 
+def kl(runs, last):
+    """median KL over the first `last` rounds of every seed's run; runs: {seed: rows}"""
+    return np.median([r["kl"] for s in runs for r in runs[s][:last]])
+
+
 def stage_table(envs):
     import analysis
     runs, choice = os.path.join(OUT, "runs"), picked()
     print("Standard PPO at IIF's step size, against standard PPO: means over seeds [95 % bootstrap interval]; "
-          "KL: median over rounds and seeds of KL(pi_theta(k) || pi_theta(k+1)); final: test return after the last "
+          "KL: median over rounds and seeds of KL(pi_theta(k) || pi_theta(k+1)) on B(k), over the pilot's window "
+          "(the multiple was picked there) and over all compared rounds; final: test return after the last "
           "compared round, mean ± std over seeds\n")
-    print("| env | lr multiple | seeds | method | KL | KL / standard's | SE_ave, records | SE_ave, even | SE_peak "
-          "| final |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| env | lr multiple | seeds | method | KL, rounds 0-19 | KL, all rounds | KL / standard's, all "
+          "| SE_ave, records | SE_ave, even | SE_peak | final |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for env_id in envs:
         if env_id not in choice:
             continue
         n = ENVS[env_id][2]
         label = f"lr{choice[env_id]:g}x"
         found = analysis.load_runs(runs, env_id)
-        seeds = sorted(s for s in found.get(label, {}) if len(found[label][s]) >= n and s in found["none"])
+        seeds = sorted(s for s in found.get(label, {})
+                       if min(len(found[label][s]), len(found["none"].get(s, []))) >= n)
         if not seeds:
             continue
-        std_kl = np.median([r["kl"] for s in seeds for r in found["none"][s][:n]])
-        for lb in ("influence", label, "random"):
-            rows = {s: found[lb][s][:n] for s in seeds if s in found.get(lb, {})}
+        std_kl = kl({s: found["none"][s] for s in seeds}, n)
+        for lb in ("influence", label, "random"):  # seeds whose run has all n rounds
+            rows = {s: found[lb][s][:n] for s in seeds if len(found.get(lb, {}).get(s, [])) >= n}
+            if not rows:
+                continue
             std = {s: found["none"][s][:n] for s in rows}
-            kl = np.median([r["kl"] for s in rows for r in rows[s]])
-            res = {rd: [analysis.efficiency(std[s], rows[s], rd) for s in rows] for rd in ("records", "even")}
+            res = {rd: [analysis.efficiency(std[s], rows[s], rd) for s in rows]
+                   for rd in ("records", "even")}
             final = [rows[s][-1]["test_return_mean"] for s in rows]
             fmt = ".3f" if max(abs(x) for x in final) <= 1 else ".1f"
             name = {"influence": "IIF", "random": "random"}.get(lb, f"standard, lr x {choice[env_id]:g}")
-            print(f"| {env_id} | {choice[env_id]:g} | {len(rows)} | {name} | {kl:.2g} | {kl / std_kl:.1f} | "
+            print(f"| {env_id} | {choice[env_id]:g} | {len(rows)} | {name} | "
+                  f"{kl(rows, PILOT_ROUNDS):.2g} | {kl(rows, n):.2g} | {kl(rows, n) / std_kl:.1f} | "
                   f"{analysis.fmt_ci([e['se_ave'] for e in res['records']])} | "
                   f"{analysis.fmt_ci([e['se_ave'] for e in res['even']])} | "
                   f"{analysis.fmt_ci([e['se_peak'] for e in res['records']])} | "
                   f"{np.mean(final):{fmt}} ± {np.std(final):{fmt}} |")
         final = [found["none"][s][:n][-1]["test_return_mean"] for s in seeds]
         fmt = ".3f" if max(abs(x) for x in final) <= 1 else ".1f"
-        print(f"| {env_id} | 1 | {len(seeds)} | standard | {std_kl:.2g} | 1.0 | | | | "
+        std_kl20 = kl({s: found["none"][s] for s in seeds}, PILOT_ROUNDS)
+        print(f"| {env_id} | 1 | {len(seeds)} | standard | {std_kl20:.2g} | {std_kl:.2g} | 1.0 | | | | "
               f"{np.mean(final):{fmt}} ± {np.std(final):{fmt}} |")
 
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The authors' released code beside ours, per environment with converted runs in results/release:
+# SE of the release's IIF over the release's standard PPO; ours (results/runs) over the same window
+# of rounds; and the standard-PPO test curves of both (results/figures/release_<env>.png).
+#
+#   bash results/release/report.sh > results/figures/release.md
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for env in MiniGrid-Empty-8x8-v0 LunarLander-v3; do
+  seeds=$(ls -d results/release/${env}__influence__* 2>/dev/null | sed 's/.*__//' | sort -n) || true
+  [ -n "$seeds" ] || continue
+  rounds=$(python -c "import json; print(json.load(open('results/release/${env}__influence__$(echo $seeds | cut -d' ' -f1)/config.json'))['num_rounds'])")
+  echo "## $env: the released code, seeds $(echo $seeds), $rounds IIF rounds"
+  echo
+  python analysis.py efficiency --runs results/release --env $env --rounds $rounds
+  echo
+  echo "## $env: ours (results/runs), the same seeds and the first $rounds rounds"
+  echo
+  for s in $seeds; do
+    for m in none influence; do ln -s "$PWD/results/runs/${env}__${m}__$s" "$tmp/${env}__${m}__$s"; done
+    ln -s "$PWD/results/release/${env}__none__$s" "$tmp/${env}__release-none__$s"
+  done
+  python analysis.py efficiency --runs "$tmp" --env $env --rounds $rounds
+  echo
+  echo "## $env: standard PPO, the release's against ours"
+  echo
+  python analysis.py curves --runs "$tmp" --env $env --labels none release-none --rounds $rounds \
+    --out results/figures/release_${env%%-*}.png | sed 's/^/    /'
+  echo
+  rm -f "$tmp"/*
+done
