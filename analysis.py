@@ -42,7 +42,8 @@ import tyro  # noqa: E402
 import iif  # noqa: E402
 import iif_variants as variants  # noqa: E402
 
-LABELS = {"influence": "IIF", "none": "Standard", "random": "Random", "f_return": "IIF (f_return)"}
+LABELS = {"influence": "IIF", "none": "Standard", "random": "Random", "f_return": "IIF (f_return)",
+          "release-none": "Standard, released code"}
 COLORS = {"influence": "tab:red", "none": "tab:blue", "random": "tab:gray",
           "adv-error": "tab:orange", "adv-product": "tab:purple", "td-weight": "tab:green",
           "f_return": "tab:olive"}

@@ -172,6 +172,9 @@ def test_curves_print_each_seeds_final_and_late_lowest(tmp_path):
         write_run(tmp_path, "none", seed, returns)
     out = sh("analysis.py", "curves", "--runs", str(tmp_path), "--env", "E", "--out", str(tmp_path / "c.png"))
     assert "per seed: final 3.0, 7.0; lowest after round 2: 3.0, 6.0" in out  # rounds 3 and 4
+    out = sh("analysis.py", "curves", "--runs", str(tmp_path), "--env", "E", "--rounds", "2",
+             "--out", str(tmp_path / "c.png"))
+    assert "per seed: final 1.0, 2.0; lowest after round 1: 1.0, 2.0" in out  # round 2 only
 
 
 def test_efficiency_on_the_first_rounds(tmp_path):
