@@ -16,12 +16,15 @@ for env in MiniGrid-Empty-8x8-v0 LunarLander-v3; do
   echo
   python analysis.py efficiency --runs results/release --env $env --rounds $rounds
   echo
-  echo "## $env: ours (results/runs), the same seeds and the first $rounds rounds"
-  echo
+  ours=""
   for s in $seeds; do
-    for m in none influence; do ln -s "$PWD/results/runs/${env}__${m}__$s" "$tmp/${env}__${m}__$s"; done
     ln -s "$PWD/results/release/${env}__none__$s" "$tmp/${env}__release-none__$s"
+    [ -d results/runs/${env}__influence__$s ] || continue
+    ours="$ours $s"
+    for m in none influence; do ln -s "$PWD/results/runs/${env}__${m}__$s" "$tmp/${env}__${m}__$s"; done
   done
+  echo "## $env: ours (results/runs), seeds$ours, the first $rounds rounds"
+  echo
   python analysis.py efficiency --runs "$tmp" --env $env --rounds $rounds
   echo
   echo "## $env: standard PPO, the release's against ours"
