@@ -187,3 +187,7 @@ python analysis.py ablation --runs results/ablation --variants $V --env FrozenLa
 # FrozenLake's recipes on the seeds 1-3 that every recipe has (first-release and released-code also have 4-6)
 python analysis.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 --seeds 1 2 3 \
   --complete FrozenLake-v1=50 > $F/ablation_frozenlake_seeds123.md
+# the two controls: standard PPO at IIF's step size (python results/step_control.py kl|pilot|control)
+# and the authors' released code (results/release/run_release.sh, then convert.py)
+python results/step_control.py table > results/step-control/table.md
+bash results/release/report.sh > $F/release.md
