@@ -11,7 +11,8 @@ trap 'rm -rf "$tmp"' EXIT
 for env in MiniGrid-Empty-8x8-v0 LunarLander-v3; do
   seeds=$(ls -d results/release/${env}__influence__* 2>/dev/null | sed 's/.*__//' | sort -n) || true
   [ -n "$seeds" ] || continue
-  rounds=$(python -c "import json; print(json.load(open('results/release/${env}__influence__$(echo $seeds | cut -d' ' -f1)/config.json'))['num_rounds'])")
+  first=results/release/${env}__influence__$(echo $seeds | cut -d' ' -f1)/config.json
+  rounds=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['num_rounds'])" $first)
   echo "## $env: the released code, seeds $(echo $seeds), $rounds IIF rounds"
   echo
   python analysis.py efficiency --runs results/release --env $env --rounds $rounds
