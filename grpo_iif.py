@@ -702,7 +702,7 @@ def load_prompts(args, tokenizer):
 
 
 def split_rows(args, rows, rng, what):
-    """Training rows and --validation-size held-out ones (--held-out-fraction of rows is held out)"""
+    """Training rows and --validation-size held-out ones (--held-out-fraction of the rows held out)"""
     order = rng.permutation(len(rows))
     n_held = int(args.held_out_fraction * len(rows))
     train = [rows[i] for i in order[n_held:]]
@@ -722,13 +722,19 @@ def question_prompt(args, question):
     return [{"role": "user", "content": question}] if args.chat else question
 
 
+def load_question_rows(flag, name, split, args):
+    """--reward-fn exact-answer: a data set with GSM8K's question and answer columns"""
+    rows = load_rows(flag, name, split, args.dataset_config)
+    if not {"question", "answer"} <= set(rows.column_names):
+        fail(f"{flag} {name!r} needs 'question' and 'answer' columns with --reward-fn exact-answer "
+             f"(has {rows.column_names})")
+    return rows
+
+
 def load_questions(args):
     """--reward-fn exact-answer: GSM8K-style rows (question, answer) as TRL's rows {"prompt",
     "answer"} (TRL hands the answer column to the reward function); training and held-out rows"""
-    rows = load_rows("--dataset", args.dataset, "train", args.dataset_config)
-    if not {"question", "answer"} <= set(rows.column_names):
-        fail(f"--dataset {args.dataset!r} needs 'question' and 'answer' columns with --reward-fn "
-             f"exact-answer (has {rows.column_names})")
+    rows = load_question_rows("--dataset", args.dataset, "train", args)
     rows = [{"prompt": question_prompt(args, r["question"]), "answer": r["answer"]} for r in rows]
     return split_rows(args, rows, np.random.default_rng(args.seed), "questions")
 
@@ -737,10 +743,7 @@ def load_eval_questions(args, tokenizer):
     """--reward-fn exact-answer: the first --eval-samples questions of --eval-dataset, tokenized as
     TRL tokenizes prompts (the chat template with --chat; the last --eval-max-prompt-tokens
     tokens), and their answers"""
-    rows = load_rows("--eval-dataset", args.eval_dataset, args.eval_split, args.dataset_config)
-    if not {"question", "answer"} <= set(rows.column_names):
-        fail(f"--eval-dataset {args.eval_dataset!r} needs 'question' and 'answer' columns with "
-             f"--reward-fn exact-answer (has {rows.column_names})")
+    rows = load_question_rows("--eval-dataset", args.eval_dataset, args.eval_split, args)
     rows = rows.select(range(min(args.eval_samples, len(rows))))
     texts = [tokenizer.apply_chat_template(question_prompt(args, q), tokenize=False,
                                            add_generation_prompt=True) if args.chat else q

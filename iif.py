@@ -474,7 +474,8 @@ def main(args):
         t2 = time.perf_counter()
 
         # Stage III (Alg. 1): the ordinary PPO update on the kept records
-        theta_k = {key: v.clone() for key, v in agent.state_dict().items()}
+        theta_k = ({key: v.clone() for key, v in agent.state_dict().items()}
+                   if args.save_rounds else None)  # theta(k), for the round file
         try:
             n_updates = ppo_update(agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng)
         except FloatingPointError as e:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The reproduction ablation (README, "What changes the numbers"): standard PPO and IIF under the
-# first release's recipe, the released code's recipe, and each of the released code's choices
+# first-release recipe, the released code's recipe, and each of the released code's choices
 # switched alone. Runs go to results/ablation/<variant>/<env>__<method>__<seed>/; where a variant
-# cannot change standard PPO, its "none" runs are links to the first release's. Resumable (see
+# cannot change standard PPO, its "none" runs are links to those of the first-release recipe
+# (gradients clipped at 0.5, buffer-normalised advantages, full PPO loss scored). Resumable (see
 # reproduce.sh); JOBS runs in parallel (default 2), the most informative variants first.
 #   bash results/ablation.sh
 set -euo pipefail
@@ -44,7 +45,7 @@ add raw-target "$AC $MG" influence
 add minibatch-norm "$AC $MG" "none influence"
 add first-release $FL "none influence" "4 5 6"  # FrozenLake's spread hides the differences at 3 seeds
 add released-code $FL "none influence" "4 5 6"
-for v in raw-target policy-loss keep-ties; do  # choices that only touch scoring: standard PPO is the first release's
+for v in raw-target policy-loss keep-ties; do  # scoring choices only: standard PPO is first-release's
   mkdir -p $A/$v
   for env in $FL $AC $MG; do for s in 1 2 3 4 5 6; do
     [ "$env" = $FL ] || [ $s -le 3 ] || continue
