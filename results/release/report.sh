@@ -2,13 +2,15 @@
 # The authors' released code beside ours, per environment with converted runs in results/release:
 # SE of the release's IIF over the release's standard PPO; ours (results/runs) over the same window
 # of rounds; and the standard-PPO test curves of both (results/figures/release_<env>.png).
+# The release's LunarLander is LunarLander-v2 (gymnasium 0.29); ours is LunarLander-v3.
 #
 #   bash results/release/report.sh > results/figures/release.md
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for env in MiniGrid-Empty-8x8-v0 LunarLander-v3; do
+for pair in MiniGrid-Empty-8x8-v0:MiniGrid-Empty-8x8-v0 LunarLander-v2:LunarLander-v3; do
+  env=${pair%%:*} our=${pair#*:}
   seeds=$(ls -d results/release/${env}__influence__* 2>/dev/null | sed 's/.*__//' | sort -n) || true
   [ -n "$seeds" ] || continue
   first=results/release/${env}__influence__$(echo $seeds | cut -d' ' -f1)/config.json
@@ -19,18 +21,18 @@ for env in MiniGrid-Empty-8x8-v0 LunarLander-v3; do
   echo
   ours=""
   for s in $seeds; do
-    ln -s "$PWD/results/release/${env}__none__$s" "$tmp/${env}__release-none__$s"
-    [ -d results/runs/${env}__influence__$s ] || continue
+    ln -s "$PWD/results/release/${env}__none__$s" "$tmp/${our}__release-none__$s"
+    [ -d results/runs/${our}__influence__$s ] || continue
     ours="$ours $s"
-    for m in none influence; do ln -s "$PWD/results/runs/${env}__${m}__$s" "$tmp/${env}__${m}__$s"; done
+    for m in none influence; do ln -s "$PWD/results/runs/${our}__${m}__$s" "$tmp/${our}__${m}__$s"; done
   done
-  echo "## $env: ours (results/runs), seeds$ours, the first $rounds rounds"
+  echo "## $our: ours (results/runs), seeds$ours, the first $rounds rounds"
   echo
-  python analysis.py efficiency --runs "$tmp" --env $env --rounds $rounds
+  python analysis.py efficiency --runs "$tmp" --env $our --rounds $rounds
   echo
-  echo "## $env: standard PPO, the release's against ours"
+  echo "## $our: standard PPO, the release's$([ $env = $our ] || echo " ($env)") against ours"
   echo
-  python analysis.py curves --runs "$tmp" --env $env --labels none release-none --rounds $rounds \
+  python analysis.py curves --runs "$tmp" --env $our --labels none release-none --rounds $rounds \
     --out results/figures/release_${env%%-*}.png | sed 's/^/    /'
   echo
   rm -f "$tmp"/*
