@@ -43,7 +43,8 @@ import iif  # noqa: E402
 import iif_variants as variants  # noqa: E402
 
 LABELS = {"influence": "IIF", "none": "Standard", "random": "Random", "f_return": "IIF (f_return)",
-          "release-none": "Standard, released code"}
+          "release-none": "Standard, released code", "release-influence": "IIF, released code",
+          "none-all": "Standard, every checkpoint"}
 COLORS = {"influence": "tab:red", "none": "tab:blue", "random": "tab:gray",
           "adv-error": "tab:orange", "adv-product": "tab:purple", "td-weight": "tab:green",
           "f_return": "tab:olive"}

@@ -17,6 +17,7 @@ t_wall is the round's wall time over all its processes, start-up included (stand
 process's wall time shared evenly over its rounds, plus the test)."""
 import argparse
 import csv
+import glob
 import json
 import os
 import re
@@ -37,6 +38,7 @@ ENVS = {  # the release's folder: env id, standard's result file, rounds, recipe
         ["run_lunarlander_adam_training.sh SEED", "run_lunarlander_adam_test.sh SEED 0 100"],
         ["run_iif_lunarlander_adam.sh SEED 12.5 CPUS"]),
 }
+TEST_SCRIPT = {"minigrid": "run_test_minigrid_policy_act7.sh", "lunarlander": "run_test_lunarlander_policy.sh"}
 COMMON = ("PPO in the release's patched stable-baselines3 (gymnasium 0.29.1): 2048 steps a round, "
           "1 env, minibatch 64, 10 epochs. IIF (p = 12.5 %) starts from the standard run's "
           "initial policy and runs each round as a chain of processes from the previous round's "
@@ -104,8 +106,8 @@ def round_of(args):
     return int(re.search(r"policy_grad_(\d+)\.zip", args)[1]) // 320 - 1  # tests: k + 1
 
 
-def standard_rows(path, times):
-    found = tests(path) if os.path.exists(path) else []
+def standard_rows(paths, times):
+    found = [t for path in paths if os.path.exists(path) for t in tests(path)]
     train = [r for s, recs in times.items() if s.endswith("_with_callbacks.py") for r in recs]
     train = train[-1] if train else {"train": [], "collect_rollouts": []}
     per_round = train["wall"] / len(train["train"]) if train["train"] else None
@@ -198,11 +200,34 @@ def main():
                 times = timing(os.path.join(args.work, "timing", f"{env}__{label}__{seed}.jsonl"))
                 if label == "none":
                     rows, initial = standard_rows(
-                        os.path.join(results, f"{std_name}_seed-{seed}.txt"), times)
+                        [os.path.join(results, f"{std_name}_seed-{seed}.txt")], times)
                 else:
                     rows = iif_rows(results, seed, times)
                 if not rows:
                     continue
+                # A standard run whose later checkpoints were tested too, with the release's test script
+                # (result_<run>_rounds-21-40.txt: checkpoints 21-40) is also written with every test, as
+                # <env-id>__none-all__<seed>.
+                if label == "none":
+                    more = sorted(glob.glob(os.path.join(results, f"{std_name}_seed-{seed}_rounds-*.txt")))
+                    for path in more:
+                        extra = timing(os.path.join(args.work, "timing", f"{env}__none__{seed}_"
+                                                    f"{path.rsplit('_', 1)[1][:-4]}.jsonl"))
+                        for script, recs in extra.items():
+                            times[script] += recs
+                    if more:
+                        all_rows, _ = standard_rows(
+                            [os.path.join(results, f"{std_name}_seed-{seed}.txt"), *more], times)
+                        write(os.path.join(args.out, f"{env_id}__none-all__{seed}"), all_rows, dict(
+                            source="github.com/LDAORL/LDA-ORL", release_commit=commit, env_id=env_id,
+                            filter_method="none", seed=seed, num_rounds=len(all_rows),
+                            scripts=[*scripts, *(f"{TEST_SCRIPT[env]} <run> "
+                                                 + re.search(r"rounds-(\d+)-(\d+)", p)[0][7:].replace("-", " ")
+                                                 for p in more)],
+                            recipe=f"{recipe}. {COMMON}", initial_test_return=initial,
+                            tested="every checkpoint of the standard run: the scripts' own tests, "
+                                   "then the later checkpoints with the same test script",
+                            changes=CHANGES))
                 config = dict(
                     source="github.com/LDAORL/LDA-ORL", release_commit=commit, env_id=env_id,
                     filter_method=label, filter_p=0.125 if label == "influence" else None,

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The authors' released code beside ours, per environment with converted runs in results/release:
 # SE of the release's IIF over the release's standard PPO; ours (results/runs) over the same window
-# of rounds; and the standard-PPO test curves of both (results/figures/release_<env>.png).
+# of rounds; and the standard-PPO test curves of both, with the release's IIF
+# (results/figures/release_<env>.png); where the release's standard run had every checkpoint tested
+# (convert.py's none-all runs), those against its IIF (release_<env>_all.png).
 # The release's LunarLander is LunarLander-v2 (gymnasium 0.29); ours is LunarLander-v3.
 #
 #   bash results/release/report.sh > results/figures/release.md
@@ -21,7 +23,7 @@ for pair in MiniGrid-Empty-8x8-v0:MiniGrid-Empty-8x8-v0 LunarLander-v2:LunarLand
   echo
   ours=""
   for s in $seeds; do
-    ln -s "$PWD/results/release/${env}__none__$s" "$tmp/${our}__release-none__$s"
+    for m in none influence; do ln -s "$PWD/results/release/${env}__${m}__$s" "$tmp/${our}__release-${m}__$s"; done
     [ -d results/runs/${our}__influence__$s ] || continue
     ours="$ours $s"
     for m in none influence; do ln -s "$PWD/results/runs/${our}__${m}__$s" "$tmp/${our}__${m}__$s"; done
@@ -30,10 +32,17 @@ for pair in MiniGrid-Empty-8x8-v0:MiniGrid-Empty-8x8-v0 LunarLander-v2:LunarLand
   echo
   python analysis.py efficiency --runs "$tmp" --env $our --rounds $rounds
   echo
-  echo "## $our: standard PPO, the release's$([ $env = $our ] || echo " ($env)") against ours"
+  echo "## $our: standard PPO, the release's$([ $env = $our ] || echo " ($env)") against ours, and the release's IIF"
   echo
-  python analysis.py curves --runs "$tmp" --env $our --labels none release-none --rounds $rounds \
+  python analysis.py curves --runs "$tmp" --env $our --labels none release-none release-influence --rounds $rounds \
     --out results/figures/release_${env%%-*}.png | sed 's/^/    /'
   echo
+  if ls -d results/release/${env}__none-all__* > /dev/null 2>&1; then
+    echo "## $env: the release's standard PPO with every checkpoint tested, and its IIF"
+    echo
+    python analysis.py curves --runs results/release --env $env --labels none-all influence \
+      --out results/figures/release_${env%%-*}_all.png | sed 's/^/    /'
+    echo
+  fi
   rm -f "$tmp"/*
 done

@@ -11,7 +11,8 @@
 # (its commit, for config.json, where RELEASE is no git work tree), VENV (/work/release-venv),
 # WORK (/work/release-work), ENVS ("minigrid lunarlander"), SEEDS ("1 2 3 4 5"), TEST_EPISODES
 # (100), CPUS (the taskset list their IIF scripts take; 0-1), KEEP_BULK=1 (keep the .pkl batch
-# files and buffers of a finished seed). For a smoke test only: ROUNDS (IIF rounds and tested
+# files and buffers of a finished seed), TEST_ALL=1 (test standard PPO's checkpoints past the
+# scripts' window too, with their test script: MiniGrid 21-40, LunarLander 101-150). For a smoke test only: ROUNDS (IIF rounds and tested
 # checkpoints) and STD_STEPS (standard training's steps).
 # The venv (Python 3.11; the release's requirements.txt does not resolve):
 #   pip install torch==2.13.0 "gymnasium==0.29.1" "numpy<2" "box2d==2.3.10" "minigrid==3.0.0" \
@@ -102,6 +103,16 @@ for env in ${ENVS:-minigrid lunarlander}; do
       fi
       log "$env seed $s: standard tests"
       $test
+    fi
+    if [ -n "${TEST_ALL:-}" ]; then  # standard PPO's later checkpoints too (convert.py: none-all)
+      if [ $env = minigrid ]; then last=40 script=run_test_minigrid_policy_act7.sh
+      else last=150 script=run_test_lunarlander_policy.sh; fi
+      more=results_$env/result_${std}_rounds-$((rounds + 1))-$last.txt
+      if [ "$(tested $more)" -lt $((last - rounds)) ]; then
+        log "$env seed $s: standard tests $((rounds + 1))-$last"
+        RELEASE_TIMING=$WORK/timing/${env}__none__${s}_rounds-$((rounds + 1))-$last.jsonl \
+          taskset -c $CPUS bash $script $std $((rounds + 1)) $last > $more
+      fi
     fi
     export RELEASE_TIMING=$WORK/timing/${env}__influence__$s.jsonl
     export FIRST_ROUND=$(iif_first_unfinished results_$env $s)
