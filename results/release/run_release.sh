@@ -12,8 +12,8 @@
 # WORK (/work/release-work), ENVS ("minigrid lunarlander"), SEEDS ("1 2 3 4 5"), TEST_EPISODES
 # (100), CPUS (the taskset list their IIF scripts take; 0-1), KEEP_BULK=1 (keep the .pkl batch
 # files and buffers of a finished seed), TEST_ALL=1 (test standard PPO's checkpoints past the
-# scripts' window too, with their test script: MiniGrid 21-40, LunarLander 101-150). For a smoke test only: ROUNDS (IIF rounds and tested
-# checkpoints) and STD_STEPS (standard training's steps).
+# scripts' window too, with their test script: MiniGrid 21-40, LunarLander 101-150). For a smoke
+# test only: ROUNDS (IIF rounds and tested checkpoints) and STD_STEPS (standard training's steps).
 # The venv (Python 3.11; the release's requirements.txt does not resolve):
 #   pip install torch==2.13.0 "gymnasium==0.29.1" "numpy<2" "box2d==2.3.10" "minigrid==3.0.0" \
 #       "pygame>=2.4" wandb tensorboard matplotlib pandas tqdm cloudpickle
