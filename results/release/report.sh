@@ -32,9 +32,9 @@ for pair in MiniGrid-Empty-8x8-v0:MiniGrid-Empty-8x8-v0 LunarLander-v2:LunarLand
   echo
   python analysis.py efficiency --runs "$tmp" --env $our --rounds $rounds
   echo
-  echo "## $our: standard PPO, the release's$([ $env = $our ] || echo " ($env)") against ours, and the release's IIF"
+  echo "## $our: the release's$([ $env = $our ] || echo " ($env)") standard PPO and IIF against ours"
   echo
-  python analysis.py curves --runs "$tmp" --env $our --labels none release-none release-influence --rounds $rounds \
+  python analysis.py curves --runs "$tmp" --env $our --labels none influence release-none release-influence --rounds $rounds \
     --out results/figures/release_${env%%-*}.png | sed 's/^/    /'
   echo
   if ls -d results/release/${env}__none-all__* > /dev/null 2>&1; then
