@@ -198,36 +198,13 @@ def main():
             initial = None
             for label, scripts in (("none", std_scripts), ("influence", iif_scripts)):
                 times = timing(os.path.join(args.work, "timing", f"{env}__{label}__{seed}.jsonl"))
+                std_file = os.path.join(results, f"{std_name}_seed-{seed}.txt")
                 if label == "none":
-                    rows, initial = standard_rows(
-                        [os.path.join(results, f"{std_name}_seed-{seed}.txt")], times)
+                    rows, initial = standard_rows([std_file], times)
                 else:
                     rows = iif_rows(results, seed, times)
                 if not rows:
                     continue
-                # A standard run whose later checkpoints were tested too, with the release's test script
-                # (result_<run>_rounds-21-40.txt: checkpoints 21-40) is also written with every test, as
-                # <env-id>__none-all__<seed>.
-                if label == "none":
-                    more = sorted(glob.glob(os.path.join(results, f"{std_name}_seed-{seed}_rounds-*.txt")))
-                    for path in more:
-                        extra = timing(os.path.join(args.work, "timing", f"{env}__none__{seed}_"
-                                                    f"{path.rsplit('_', 1)[1][:-4]}.jsonl"))
-                        for script, recs in extra.items():
-                            times[script] += recs
-                    if more:
-                        all_rows, _ = standard_rows(
-                            [os.path.join(results, f"{std_name}_seed-{seed}.txt"), *more], times)
-                        write(os.path.join(args.out, f"{env_id}__none-all__{seed}"), all_rows, dict(
-                            source="github.com/LDAORL/LDA-ORL", release_commit=commit, env_id=env_id,
-                            filter_method="none", seed=seed, num_rounds=len(all_rows),
-                            scripts=[*scripts, *(f"{TEST_SCRIPT[env]} <run> "
-                                                 + re.search(r"rounds-(\d+)-(\d+)", p)[0][7:].replace("-", " ")
-                                                 for p in more)],
-                            recipe=f"{recipe}. {COMMON}", initial_test_return=initial,
-                            tested="every checkpoint of the standard run: the scripts' own tests, "
-                                   "then the later checkpoints with the same test script",
-                            changes=CHANGES))
                 config = dict(
                     source="github.com/LDAORL/LDA-ORL", release_commit=commit, env_id=env_id,
                     filter_method=label, filter_p=0.125 if label == "influence" else None,
@@ -239,7 +216,22 @@ def main():
                     columns=" ".join(__doc__.split("\n\n")[2:]).replace("\n", " "),
                     measured_on="a 2-core CPU shared with other work, one thread a process")
                 write(os.path.join(args.out, f"{env_id}__{label}__{seed}"), rows, config)
-
+                # A standard run whose later checkpoints were tested too, with the release's test script
+                # (result_<run>_rounds-21-40.txt: checkpoints 21-40), is also written with every test, as
+                # <env-id>__none-all__<seed>.
+                more = sorted(glob.glob(f"{std_file[:-4]}_rounds-*.txt")) if label == "none" else []
+                if more:
+                    ranges = [re.search(r"rounds-(\d+)-(\d+)", path) for path in more]
+                    for m in ranges:
+                        extra = timing(os.path.join(args.work, "timing", f"{env}__none__{seed}_{m[0]}.jsonl"))
+                        for script, recs in extra.items():
+                            times[script] += recs
+                    all_rows, _ = standard_rows([std_file, *more], times)
+                    write(os.path.join(args.out, f"{env_id}__none-all__{seed}"), all_rows, {
+                        **config, "num_rounds": len(all_rows), "rounds_done": len(all_rows),
+                        "scripts": [*scripts, *(f"{TEST_SCRIPT[env]} <run> {m[1]} {m[2]}" for m in ranges)],
+                        "tested": "every checkpoint of the standard run: the scripts' own tests, then "
+                                  "the later checkpoints with the same test script"})
 
 if __name__ == "__main__":
     main()
