@@ -86,6 +86,11 @@ class Args:
     """parent folder of the run folders"""
     use_cpu: bool = False
     """train on the CPU even where a GPU is visible"""
+    dtype: Optional[Literal["bfloat16", "float32"]] = None
+    """bfloat16: TRL's bf16 mixed precision (autocast), the frozen weights in bfloat16 with LoRA
+    (what trains stays float32), and the influence's passes under autocast too, its scores in
+    float32; float32: no autocast (default: bfloat16 on a GPU that supports it, as TRL's
+    GRPOConfig; float32 on the CPU)"""
     threads: Optional[int] = None
     """torch CPU threads (default: torch's choice)"""
     report_to: str = "none"
@@ -165,8 +170,9 @@ class Args:
     --validation-size held-out prompts (I-PPO, "Learning from the Right Rollouts", 2026)"""
     validation_size: int = 32
     """held-out prompts (each with --num-generations completions) for --target-data validation"""
-    forward_batch_size: int = 16
-    """completions per target-gradient and influence pass"""
+    forward_batch_size: Optional[int] = None
+    """completions per target-gradient and influence pass (default: 64 on a GPU, where batching
+    pays, 16 on the CPU)"""
 
     # evaluation (App. B.3, as rlhf_iif.py)
     eval_every: int = 1
@@ -228,23 +234,27 @@ def batches(n, size):
     return [torch.arange(i, min(i + size, n)) for i in range(0, n, size)]
 
 
-def completion_logprobs(model, b, idx, params=None):
+def completion_logprobs(model, b, idx, params=None, bf16=False):
     """log pi_theta(y_t | x, y_<t) of every completion token of rows idx, as TRL's forward computes
-    them (left-padded prompt, right-padded completion, no position ids; temperature 1)"""
+    them (left-padded prompt, right-padded completion, no position ids; temperature 1); with bf16,
+    the model's pass under autocast, as TRL's own under --dtype bfloat16; float32 at least"""
     m = b["completion_mask"][idx]
     ids = torch.cat([b["prompt_ids"][idx], b["completion_ids"][idx]], 1)
     kw = dict(input_ids=ids, attention_mask=torch.cat([b["prompt_mask"][idx], m], 1),
               logits_to_keep=m.shape[1] + 1)
-    logits = (model(**kw) if params is None else functional_call(model, params, (), kw)).logits
-    return torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, -m.shape[1]:, None]).squeeze(-1)
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = (model(**kw) if params is None else functional_call(model, params, (), kw)).logits
+    logits = up(logits[:, :-1])
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, -m.shape[1]:, None]).squeeze(-1)
 
 
-def completion_losses(model, b, idx, args, params=None):
+def completion_losses(model, b, idx, args, params=None, logp=None):
     """Per-completion GRPO loss l_i (TRL's "dapo" loss): the token sum of the clipped surrogate and
     of beta x the k3 estimate of KL(pi || pi_ref) times the ratio (TRL's importance-sampling
     correction), over the generation batch's token count. Their sum over a generation batch is the
-    loss of one step on all of it."""
-    logp = completion_logprobs(model, b, idx, params)
+    loss of one step on all of it. logp: these completions' log-probs, if already computed."""
+    if logp is None:
+        logp = completion_logprobs(model, b, idx, params, args.dtype == "bfloat16")
     m = b["completion_mask"][idx]
     old = b["old_per_token_logps"][idx] if "old_per_token_logps" in b else logp.detach()
     ratio, adv = torch.exp(logp - old), b["advantages"][idx, None]
@@ -256,14 +266,16 @@ def completion_losses(model, b, idx, args, params=None):
 
 
 # ---- Stage II of Alg. 1: the target, the influence of every completion, the filter ----
-def target(model, t, idx, args, world=1):
+def target(model, t, idx, args, world=1, logp=None):
     """f restricted to target completions idx of this process; summed over every batch of t, and
-    over the world processes' shares, it is f(theta) on the whole target set"""
+    over the world processes' shares, it is f(theta) on the whole target set. logp: these
+    completions' log-probs, if already computed."""
+    if logp is None:
+        logp = completion_logprobs(model, t, idx, bf16=args.dtype == "bfloat16")
     if args.target == "f_seq":  # Sec. 5.3: mean over completions of log pi(y|x) A_hat
-        logp = completion_logprobs(model, t, idx)
         return ((t["advantages"][idx, None] * logp * t["completion_mask"][idx]).sum()
                 / (len(t["advantages"]) * world))
-    return -completion_losses(model, t, idx, args).sum()  # f_loss: minus the GRPO loss on t
+    return -completion_losses(model, t, idx, args, logp=logp).sum()  # f_loss: minus the GRPO loss
 
 
 def influence(model, b, t, args, world=1, all_sum=lambda g: g):
@@ -331,32 +343,74 @@ def influence_activations(model, b, t, args, world=1, all_sum=lambda g: g):
     gradient is read, so sharded parameters (FSDP, DeepSpeed ZeRO-3) give the same scores as whole
     ones; the processes exchange only G = grad f (LoRA-sized). Needs every trained parameter to be
     the weight of an nn.Linear (LoRA), and completions that do not interact in the forward pass.
-    With LoRA it is used everywhere: on the toy task it is also faster than the forward mode of
-    influence() (benchmarks/grpo_update_time.py)."""
+    Target on the generation batch: one forward pass and one backward pass of the losses (row i of
+    dy is the gradient of l_i alone) give every completion's LoRA gradient g_i, kept until G is
+    complete. With beta = 0 (TRL's default), or the target f_loss, G is a sum of multiples of the
+    g_i at theta(k), where the ratio is 1: no other pass. Otherwise a second backward pass, for f,
+    gives G. With a validation target, or gradients too large to keep: a pass over t for G, then
+    one over b."""
     layers = trained_linears(model)
+    bf16 = args.dtype == "bfloat16"
+    n_bytes = 4 * len(b["advantages"]) * sum(m.weight.numel() for m in layers)
+    one_pass = t is b and n_bytes <= memory_for_grads(b["advantages"].device)
+    proportional = one_pass and (args.beta == 0.0 or args.target == "f_loss")
     G = [0.0] * len(layers)
-    for idx in batches(len(t["advantages"]), args.forward_batch_size):
-        f, io = with_linear_io(layers, lambda: target(model, t, idx, args, world))
-        dys = torch.autograd.grad(f, [y for _, y in io], allow_unused=True, materialize_grads=True)
-        G = [g + torch.einsum("...o,...i->oi", up(dy), up(x)) for g, (x, _), dy in zip(G, io, dys)]
-    flat = all_sum(torch.cat([g.flatten() for g in G]))
-    G = [g.view_as(h) for g, h in zip(flat.split([g.numel() for g in G]), G)]
-    scores = []
+
+    def add_to_G(G, io, dys):  # G += sum over the batch's tokens of dy x^T, in float32
+        return [g + torch.einsum("...o,...i->oi", up(dy), up(x)) for g, (x, _), dy in zip(G, io, dys)]
+
+    def reduce(G):  # every process's share added up
+        flat = all_sum(torch.cat([g.flatten() for g in G]))
+        return [g.view_as(h) for g, h in zip(flat.split([h.numel() for h in G]), G)]
+    if not one_pass:
+        for idx in batches(len(t["advantages"]), args.forward_batch_size):
+            f, io = with_linear_io(layers, lambda: target(model, t, idx, args, world))
+            G = add_to_G(G, io, grad(f, io))
+        G = reduce(G)
+    scores, grads = [], []
     for idx in batches(len(b["advantages"]), args.forward_batch_size):
-        losses, io = with_linear_io(layers, lambda: completion_losses(model, b, idx, args))
-        # one backward pass for the whole batch: row i of dy is the gradient of l_i alone
-        dys = torch.autograd.grad(losses.sum(), [y for _, y in io], allow_unused=True,
-                                  materialize_grads=True)
-        scores.append(-sum(((up(dy) @ g) * up(x)).flatten(1).sum(1)
-                           for g, (x, _), dy in zip(G, io, dys)))
+        logp, io = with_linear_io(layers, lambda: completion_logprobs(model, b, idx, bf16=bf16))
+        losses = completion_losses(model, b, idx, args, logp=logp)
+        dys = grad(losses.sum(), io, retain=one_pass and not proportional)
+        if not one_pass:
+            scores.append(-sum(((up(dy) @ g) * up(x)).flatten(1).sum(1)
+                               for g, (x, _), dy in zip(G, io, dys)))
+            continue
+        grads.append([torch.einsum("b...o,b...i->boi", up(dy), up(x)) for (x, _), dy in zip(io, dys)])
+        if not proportional:  # f's share of G, from the same forward pass
+            G = add_to_G(G, io, grad(target(model, b, idx, args, world, logp=logp), io))
+    if one_pass:
+        if proportional:
+            # at theta(k): grad f_seq_i = -(tokens of the generation batch / (n x processes))
+            # grad l_i when beta = 0, and f_loss = -sum_i l_i
+            c = -1.0 if args.target == "f_loss" else -float(b["num_items_in_batch"]) / (
+                len(b["advantages"]) * world)
+            G = [c * sum(gs[j].sum(0) for gs in grads) for j in range(len(layers))]
+        G = reduce(G)
+        scores = [-sum((g * gi).flatten(1).sum(1) for g, gi in zip(G, gs)) for gs in grads]
     return torch.cat(scores)
 
 
+def grad(y, io, retain=False):
+    """d y / d (every layer's output)"""
+    return torch.autograd.grad(y, [out for _, out in io], retain_graph=retain,
+                               materialize_grads=True)
+
+
+def memory_for_grads(device):
+    """Bytes that the one-pass influence may keep in per-completion LoRA gradients: an eighth of
+    the device's memory (Qwen2.5-0.5B's q/v adapters at rank 16 hold 1.1 M numbers a completion,
+    0.55 GB for 128 completions)"""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 8
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8
+
+
 def filter_records(scores, method, p, gen):
-    """Stage II of Alg. 1: returns the kept mask. 'influence' drops every completion with
-    influence <= 0 (p None), or the floor(p x n_negative) most negative ones, ties broken by buffer
+    """Stage II of Alg. 1: returns the kept mask, on the scores' device. 'influence' drops every
+    completion with influence <= 0 (p None), or the floor(p x n_negative) most negative ones, ties broken by buffer
     order; 'random' drops as many uniformly at random."""
-    kept = torch.ones(len(scores), dtype=torch.bool)
+    kept = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
     if p is None:
         n_drop = int((scores <= 0).sum())
     else:
@@ -364,7 +418,7 @@ def filter_records(scores, method, p, gen):
     if method == "influence":
         order = torch.argsort(scores, stable=True)
     else:
-        order = torch.randperm(len(scores), generator=gen)
+        order = torch.randperm(len(scores), generator=gen).to(scores.device)
     kept[order[:n_drop]] = False
     return kept
 
@@ -385,7 +439,7 @@ def max_variance(rewards, G, m):
     rewards have the largest variance. For rewards in ascending order that subset is the i largest
     and the m - i smallest for some i (their Lemma), so the m + 1 candidates are compared exactly;
     ties go to the smallest i."""
-    kept = torch.zeros(len(rewards), dtype=torch.bool)
+    kept = torch.zeros(len(rewards), dtype=torch.bool, device=rewards.device)
     for g, r in enumerate(rewards.double().view(-1, G)):
         up_order = torch.argsort(r, stable=True)
         candidates = [torch.cat([up_order[:m - i], up_order[G - i:]]) for i in range(m + 1)]
@@ -397,7 +451,8 @@ def abs_advantage(advantages, G, m):
     """CPPO's completion pruning (Lin et al. 2025): keep the m completions of each group with the
     largest |advantage|, dropping those with the smallest; ties go to the earlier completion."""
     top = torch.argsort(advantages.abs().view(-1, G), dim=1, descending=True, stable=True)[:, :m]
-    return torch.zeros(len(top), G, dtype=torch.bool).scatter_(1, top, True).flatten()
+    return torch.zeros(len(top), G, dtype=torch.bool, device=top.device).scatter_(1, top,
+                                                                                   True).flatten()
 
 
 def kept_per_group(args):
@@ -615,7 +670,7 @@ def test_metric(trainer):
 
 
 # ---- main: TRL's training loop, Alg. 1 in every generation batch ----
-def main(args, dtype=torch.float32):
+def main(args, dtype=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     trainer = make_trainer(args, dtype)
@@ -783,6 +838,13 @@ def world_size():
 
 def resolve_args(args):
     """Check every flag before anything is loaded; fail early with the flag's name."""
+    gpu = torch.cuda.is_available() and not args.use_cpu
+    if args.dtype is None:
+        args.dtype = "bfloat16" if gpu and torch.cuda.is_bf16_supported() else "float32"
+    if args.dtype == "bfloat16" and gpu and not torch.cuda.is_bf16_supported():
+        fail(f"--dtype bfloat16: {torch.cuda.get_device_name()} has no bfloat16; use --dtype float32")
+    if args.forward_batch_size is None:
+        args.forward_batch_size = 64 if gpu else 16
     for key in ("batch_size", "mini_batch_size", "gradient_accumulation_steps",
                 "num_iterations", "gen_tokens", "prompt_min_tokens", "validation_size",
                 "forward_batch_size", "lora_r", "logging_steps", "eval_samples",
@@ -872,7 +934,8 @@ def make_config(args):
     # GRPOConfig's own defaults differ from TrainingArguments' (bf16, activation (gradient)
     # checkpointing, lr 1e-6): every one that matters is set here
     return GRPOConfig(
-        output_dir=args.output_dir, seed=args.seed, use_cpu=args.use_cpu, bf16=False, fp16=False,
+        output_dir=args.output_dir, seed=args.seed, use_cpu=args.use_cpu,
+        bf16=args.dtype == "bfloat16", fp16=False,
         activation_checkpointing=False, logging_steps=args.logging_steps,
         report_to=args.report_to.split(","), run_name=args.run_name, **save,
         disable_dropout=True,  # generation, the update and the influence all see one policy
@@ -889,9 +952,12 @@ def make_config(args):
         log_completions=False)
 
 
-def make_trainer(args, dtype=torch.float32):
+def make_trainer(args, dtype=None):
     """Load the models and prompts and build the trainer; a name that fails stops here, before the
-    run folder is made"""
+    run folder is made. dtype: the policy's weights (default: bfloat16 under --dtype bfloat16 with
+    LoRA, where they are frozen; float32 otherwise, master weights of TRL's mixed precision)"""
+    if dtype is None:
+        dtype = torch.bfloat16 if args.dtype == "bfloat16" and args.lora else torch.float32
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = load("--model-name", args.model_name, AutoTokenizer.from_pretrained)

@@ -58,8 +58,19 @@ class Args:
     """parent folder of the run folders"""
     device: Optional[str] = None
     """torch device (default: cuda when available, else cpu)"""
+    dtype: Optional[Literal["bfloat16", "float32"]] = None
+    """bfloat16: the frozen weights in bfloat16 and the forward passes under torch.autocast, as the
+    released code loads the policy in bfloat16; what trains (LoRA, the value head; the whole model
+    with --no-lora) stays float32, and log-probabilities, losses and influence are float32
+    (default: bfloat16 on a GPU that supports it, float32 elsewhere)"""
     threads: Optional[int] = None
     """torch CPU threads (default: torch's choice)"""
+    resume: bool = False
+    """continue <runs-dir>/<run-name> after its last checkpointed round, with the flags it was
+    started with"""
+    save_every: int = 1
+    """write checkpoint.pt (trained weights, optimizer, KL coefficient, prompt order, random states)
+    after every N-th round and the last, for --resume (0: never)"""
 
     # data (App. B.3)
     min_prompt_toxicity: float = 0.3
@@ -115,8 +126,9 @@ class Args:
     lora_target_modules: Optional[str] = None
     """comma-separated module names for LoRA (default: peft's choice for the architecture,
     q_proj,v_proj for GPT-Neo as in the released code)"""
-    forward_batch_size: int = 16
-    """episodes per batched no-grad forward, target-gradient and influence pass"""
+    forward_batch_size: Optional[int] = None
+    """episodes per batched no-grad forward, target-gradient and influence pass (default: 64 on a
+    GPU, where batching pays, 16 on the CPU)"""
     generation_batch_size: int = 64
     """prompts per generate() call"""
 
@@ -157,24 +169,36 @@ class Policy(nn.Module):
     """The causal LM with a value head on its last hidden state (TRL's
     AutoModelForCausalLMWithValueHead)."""
 
-    def __init__(self, lm):
+    def __init__(self, lm, bf16=False):
         super().__init__()
         self.lm = lm
         self.v_head = nn.Linear(lm.config.hidden_size, 1)
+        self.bf16 = bf16  # --dtype bfloat16: the LM's passes under autocast
 
     def forward(self, ids, attn, T):
         """log pi(y_t | x, y_<t) and V(x, y_<t) of the last T tokens (the continuation) of the
         left-padded rows ids: (batch, prompt + continuation) -> (batch, T), (batch, T)"""
         pos = (attn.cumsum(1) - 1).clamp(min=0)  # positions count real tokens only
-        out = self.lm(input_ids=ids, attention_mask=attn, position_ids=pos,
-                      output_hidden_states=True, logits_to_keep=T + 1)
+        with autocast(self, ids.device):
+            out = self.lm(input_ids=ids, attention_mask=attn, position_ids=pos,
+                          output_hidden_states=True, logits_to_keep=T + 1)
         # logits of the last T + 1 positions, (batch, T + 1, vocab); each predicts the next token,
-        # so the first T predict the continuation: (batch, T, vocab)
-        logits = out.logits[:, :-1]
+        # so the first T predict the continuation: (batch, T, vocab), in float32 at least
+        logits = up(out.logits[:, :-1])
         logp = torch.log_softmax(logits, -1).gather(-1, ids[:, -T:, None]).squeeze(-1)  # (batch, T)
         # (batch, prompt + continuation, hidden) -> (batch, T, hidden): the same T positions
-        hidden = out.hidden_states[-1][:, -T - 1:-1]
+        hidden = up(out.hidden_states[-1][:, -T - 1:-1])
         return logp, self.v_head(hidden).squeeze(-1)
+
+
+def autocast(policy, device):
+    """bfloat16 compute for --dtype bfloat16 (torch.autocast); float32 runs unchanged"""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=policy.bf16)
+
+
+def up(x):
+    """x in float32 at least (bfloat16 activations under --dtype bfloat16)"""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
 def make_policy(args, device):
@@ -182,8 +206,11 @@ def make_policy(args, device):
     tokenizer = load("--model-name", args.model_name, AutoTokenizer.from_pretrained)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    bf16 = args.dtype == "bfloat16"
+    # frozen weights in bfloat16 under --dtype bfloat16 (peft keeps its adapters in float32);
+    # weights that train stay float32
     lm = load("--model-name", args.model_name, AutoModelForCausalLM.from_pretrained,
-              dtype=torch.float32)
+              dtype=torch.bfloat16 if bf16 and args.lora else torch.float32)
     ref = None
     if args.lora:
         from peft import LoraConfig, get_peft_model
@@ -194,10 +221,12 @@ def make_policy(args, device):
             lm = get_peft_model(lm, config)
         except ValueError as e:
             fail(f"--lora-target-modules: {e}")
-    policy = Policy(lm).to(device)
+    policy = Policy(lm, bf16).to(device)
     policy.eval()  # no dropout: generation, update and influence all see one policy pi_theta
     if not args.lora:
         ref = copy.deepcopy(policy).requires_grad_(False)
+        if bf16:
+            ref.lm.to(torch.bfloat16)
     return policy, ref, tokenizer
 
 
@@ -227,11 +256,12 @@ def generate(policy, queries, tokenizer, args, device):
         attn[i, P - len(q):P] = 1
     for idx in batches(len(queries), args.generation_batch_size):
         # sample from pi_theta itself: every knob a model's generation_config may set is neutralised
-        out = policy.lm.generate(
-            input_ids=ids[idx, :P].to(device), attention_mask=attn[idx, :P].to(device),
-            do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
-            repetition_penalty=1.0, no_repeat_ngram_size=0, max_new_tokens=T, min_new_tokens=0,
-            pad_token_id=pad, eos_token_id=eos)
+        with autocast(policy, device):
+            out = policy.lm.generate(
+                input_ids=ids[idx, :P].to(device), attention_mask=attn[idx, :P].to(device),
+                do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                repetition_penalty=1.0, no_repeat_ngram_size=0, max_new_tokens=T,
+                min_new_tokens=0, pad_token_id=pad, eos_token_id=eos)
         ids[idx, P:out.shape[1]] = out[:, P:].cpu()
     is_eos = ids[:, P:] == eos  # a call that stops early does so because every row has reached EOS
     mask = ((is_eos.cumsum(1) - is_eos.long()) == 0).float()  # no EOS before this position
@@ -318,16 +348,16 @@ def update_kl_coef(kl_coef, kl, n_episodes, args):
 
 
 # ---- Stage II of Alg. 1: the target f_seq, the influence of every episode, the filter ----
-def ppo_losses(policy, b, idx, args, params=None):
+def ppo_losses(policy, b, idx, args, params=None, out=None):
     """Per-episode PPO loss l_i (Sec. 2.1, TRL's loss for LMs): token means of the clipped
     surrogate and of vf_coef x 0.5 x the clipped squared value error. A minibatch's loss is the
-    mean over its episodes."""
+    mean over its episodes. out: the policy's (log pi, V) of these episodes, if already computed."""
     ids, attn, m = b["ids"][idx], b["attn"][idx], b["mask"][idx]
     T = m.shape[1]
-    if params is None:
-        logp, v = policy(ids, attn, T)
-    else:
-        logp, v = functional_call(policy, params, (ids, attn, T))
+    if out is None:
+        out = policy(ids, attn, T) if params is None else functional_call(policy, params,
+                                                                            (ids, attn, T))
+    logp, v = out
     adv, old_v, ret = b["advantages"][idx], b["values"][idx], b["returns"][idx]
     ratio = torch.exp(logp - b["logprobs"][idx])
     pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.cliprange, 1 + args.cliprange))
@@ -347,24 +377,107 @@ def target_weights(t, target):
 
 def influence(policy, b, t, args):
     """I_i = <grad f(theta), -grad l_i(theta)> of every episode i of b at theta(k) (Sec. 3.1, 5.1),
-    exactly: one backward pass over the target episodes t gives grad f, one forward-mode pass along
-    it gives every episode's inner product (a directional derivative). Parameters f does not reach
-    (the value head) carry no tangent."""
+    exactly, from activations. A LoRA matrix W (y = W x) gets from episode i the gradient
+    sum_s dy_s x_s^T over its tokens s, so <G, grad_W l_i> = sum_s dy_s^T G x_s, with G = grad_W f.
+    Target on the buffer: one forward pass of each batch and two backward passes, one for the
+    losses (row i of dy is the gradient of l_i alone) and one for f, give G and every episode's
+    LoRA gradient, kept until G is complete. Otherwise (validation target, or gradients too large
+    to keep): a pass over t for G, then one over b. The value head takes no part (f does not reach
+    it); the value loss still counts through the LoRA layers it shares with the policy. Without
+    LoRA: influence_forward_mode."""
+    layers = lora_layers(policy)
+    if layers is None:
+        return influence_forward_mode(policy, b, t, args)
+    w = target_weights(t, args.target)
+    T = w.shape[1]
+    n_bytes = 4 * len(b["ids"]) * sum(m.weight.numel() for m in layers)
+    one_pass = t is b and n_bytes <= memory_for_grads(b["ids"].device)
+    G = [0.0] * len(layers)
+
+    def add_to_G(G, io, dys):  # G += sum over the batch's tokens of dy x^T, in float32
+        return [g + torch.einsum("...o,...i->oi", up(dy), up(x))
+                for g, (x, _), dy in zip(G, io, dys)]
+    if not one_pass:
+        for idx in batches(len(w), args.forward_batch_size):
+            logp, io = with_linear_io(layers, lambda: policy(t["ids"][idx], t["attn"][idx], T)[0])
+            G = add_to_G(G, io, grad((w[idx] * logp).sum(), io))
+    scores, grads = [], []
+    for idx in batches(len(b["ids"]), args.forward_batch_size):
+        out, io = with_linear_io(layers, lambda: policy(b["ids"][idx], b["attn"][idx], T))
+        dys = grad(ppo_losses(policy, b, idx, args, out=out).sum(), io, retain=one_pass)
+        if one_pass:  # episode i's LoRA gradients, and f's share of G
+            grads.append([torch.einsum("b...o,b...i->boi", up(dy), up(x))
+                          for (x, _), dy in zip(io, dys)])
+            G = add_to_G(G, io, grad((w[idx] * out[0]).sum(), io))
+        else:
+            scores.append(-sum(((up(dy) @ g) * up(x)).flatten(1).sum(1)
+                               for g, (x, _), dy in zip(G, io, dys)))
+    if one_pass:
+        scores = [-sum((g * gi).flatten(1).sum(1) for g, gi in zip(G, gs)) for gs in grads]
+    return torch.cat(scores)
+
+
+def lora_layers(policy):
+    """The LM's nn.Linear layers whose weight trains (LoRA's A and B), or None where other
+    parameters of the LM train too (--no-lora)"""
+    layers = [m for m in policy.lm.modules() if isinstance(m, nn.Linear) and m.weight.requires_grad]
+    n_trained = sum(1 for p in policy.lm.parameters() if p.requires_grad)
+    return layers if layers and n_trained == len(layers) else None
+
+
+def with_linear_io(layers, fn):
+    """fn()'s value, and every layer's (input, output) in the forward pass that fn makes"""
+    io = [None] * len(layers)
+
+    def hook(i):
+        def record(module, inputs, output):
+            if io[i] is not None:
+                raise RuntimeError(f"{module} ran twice in one forward pass")
+            io[i] = (inputs[0].detach(), output)
+        return record
+    handles = [m.register_forward_hook(hook(i)) for i, m in enumerate(layers)]
+    try:
+        value = fn()
+    finally:
+        for h in handles:
+            h.remove()
+    return value, io
+
+
+def grad(y, io, retain=False):
+    """d y / d (every layer's output)"""
+    return torch.autograd.grad(y, [out for _, out in io], retain_graph=retain,
+                               materialize_grads=True)
+
+
+def memory_for_grads(device):
+    """Bytes that the one-pass influence may keep in per-episode LoRA gradients: an eighth of the
+    device's memory (GPT-Neo-2.7B's q/v adapters at rank 16 hold 5.2 M numbers an episode, 5.4 GB
+    for 256 episodes)"""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory // 8
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8
+
+
+def influence_forward_mode(policy, b, t, args):
+    """influence() for any trained parameters (--no-lora): one backward pass over the target
+    episodes t gives grad f, one forward-mode pass along it gives every episode's inner product (a
+    directional derivative). Parameters f does not reach (the value head) carry no tangent."""
     params = {n: p for n, p in policy.named_parameters() if p.requires_grad}
     w = target_weights(t, args.target)
-    grad = dict.fromkeys(params)
+    grads = dict.fromkeys(params)
     for idx in batches(len(w), args.forward_batch_size):
         logp = policy(t["ids"][idx], t["attn"][idx], w.shape[1])[0]
         g = torch.autograd.grad((w[idx] * logp).sum(), list(params.values()), allow_unused=True)
         for n, gi in zip(params, g):
             if gi is not None:
-                grad[n] = gi if grad[n] is None else grad[n] + gi
-    # torch.autograd.forward_ad, not torch.func.jvp as in iif.py: on these language models (LoRA,
-    # CPU) jvp took 10-20 % longer for the same scores. Fused attention kernels have no
-    # forward-mode AD, the math one does.
+                grads[n] = gi if grads[n] is None else grads[n] + gi
+    # torch.autograd.forward_ad, not torch.func.jvp as in iif.py: on these language models (CPU)
+    # jvp took 10-20 % longer for the same scores. Fused attention kernels have no forward-mode
+    # AD, the math one does.
     scores = []
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), fwAD.dual_level():
-        duals = {n: fwAD.make_dual(params[n].detach(), g) for n, g in grad.items() if g is not None}
+        duals = {n: fwAD.make_dual(params[n].detach(), g) for n, g in grads.items() if g is not None}
         for idx in batches(len(b["ids"]), args.forward_batch_size):
             loss = ppo_losses(policy, b, idx, args, duals)
             scores.append(-fwAD.unpack_dual(loss).tangent)
@@ -372,18 +485,18 @@ def influence(policy, b, t, args):
 
 
 def filter_records(scores, method, p, gen):
-    """Stage II of Alg. 1: returns the kept mask. 'influence' drops every episode with influence
-    <= 0 (p None), or the floor(p x n_negative) most negative ones, ties broken by buffer order;
-    'random' drops as many uniformly at random."""
-    kept = torch.ones(len(scores), dtype=torch.bool)
+    """Stage II of Alg. 1: returns the kept mask, on the scores' device. 'influence' drops every
+    episode with influence <= 0 (p None), or the floor(p x n_negative) most negative ones, ties
+    broken by buffer order; 'random' drops as many uniformly at random."""
+    kept = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
     if p is None:
         n_drop = int((scores <= 0).sum())
     else:
         n_drop = int(p * int((scores < 0).sum()) + 1e-9)
     if method == "influence":
-        order = torch.argsort(scores.cpu(), stable=True)
+        order = torch.argsort(scores, stable=True)
     else:
-        order = torch.randperm(len(scores), generator=gen)
+        order = torch.randperm(len(scores), generator=gen).to(scores.device)
     kept[order[:n_drop]] = False
     return kept
 
@@ -441,10 +554,11 @@ def main(args):
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(trainable, lr=args.learning_rate)
     run = Run(args, n_rounds, sum(p.numel() for p in trainable), device)
-    kl_coef = args.init_kl_coef
-    order = []
+    # the first round, beta and prompt order: round 0's, or with --resume those after the last
+    # checkpointed round (its weights, optimizer and random states restored too)
+    start, kl_coef, order = run.restore(policy, optimizer, gen)
     try:
-        for k in range(n_rounds):
+        for k in range(start, n_rounds):
             if len(order) < args.batch_size:  # one pass over the shuffled prompts, then another
                 order = order + torch.randperm(len(train_prompts), generator=gen).tolist()
             queries = [train_prompts[i] for i in order[:args.batch_size]]
@@ -492,6 +606,7 @@ def main(args):
                                                 device)
                 row["t_eval"] = timer(device) - t0
             run.end_round(row, b, queries, scores, kept, tokenizer)
+            run.checkpoint(k, policy, optimizer, gen, kl_coef, order)
     finally:  # also on Ctrl-C (mid-round, the weights as they are then)
         run.finish(policy, tokenizer)
 
@@ -582,6 +697,21 @@ def load_classifier(flag, name, label_flag, label, device):
 # ---- Plumbing: the flags, the run folder and timing ----
 def resolve_args(args):
     """Check every flag before anything is loaded; fail early with the flag's name."""
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(args.device)
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as e:
+        fail(f"--device {args.device!r} is not usable here ({e})")
+    gpu = device.type == "cuda"
+    if args.dtype is None:
+        args.dtype = "bfloat16" if gpu and torch.cuda.is_bf16_supported() else "float32"
+    if args.dtype == "bfloat16" and gpu and not torch.cuda.is_bf16_supported():
+        fail(f"--dtype bfloat16: {torch.cuda.get_device_name(device)} has no bfloat16; use "
+             "--dtype float32")
+    if args.forward_batch_size is None:
+        args.forward_batch_size = 64 if gpu else 16
     for key in ("batch_size", "mini_batch_size", "ppo_epochs", "gen_tokens", "prompt_min_tokens",
                 "forward_batch_size", "generation_batch_size", "validation_size", "eval_samples",
                 "eval_max_prompt_tokens", "lora_r", "kl_horizon"):
@@ -606,18 +736,28 @@ def resolve_args(args):
             fail(f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
     if args.init_kl_coef < 0 or args.vf_coef < 0:
         fail("--init-kl-coef and --vf-coef must be at least 0")
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        torch.empty(0, device=args.device)
-    except (RuntimeError, AssertionError) as e:
-        fail(f"--device {args.device!r} is not usable here ({e})")
+    if args.save_every < 0:
+        fail(f"--save-every must be 0 (never) or more, got {args.save_every}")
     if args.run_name is None:
+        if args.resume:
+            fail("--resume needs the --run-name of the run to continue")
         args.run_name = f"rlhf__{args.filter_method}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.runs_dir, args.run_name)
-    if os.path.exists(os.path.join(run_dir, "metrics.csv")):
-        fail(f"{run_dir}/metrics.csv exists: choose another --run-name or remove it")
+    if os.path.exists(os.path.join(run_dir, "metrics.csv")) and not args.resume:
+        fail(f"{run_dir}/metrics.csv exists: add --resume to continue it, choose another "
+             "--run-name, or remove it")
+    if args.resume and os.path.exists(os.path.join(run_dir, "checkpoint.pt")):
+        with open(os.path.join(run_dir, "config.json")) as f:
+            saved = json.load(f)
+        changed = [f"--{k.replace('_', '-')} {saved.get(k)} (now {v})" for k, v in vars(args).items()
+                   if k not in MAY_CHANGE and saved.get(k) != v]
+        if changed:
+            fail(f"--resume: {run_dir} was run with other flags: {'; '.join(changed)}")
     return args
+
+
+# flags a resumed run may change
+MAY_CHANGE = ("resume", "threads", "runs_dir", "save_every")
 
 
 METRICS = ["round", "episodes", "reward_mean", "reward_std", "kl", "kl_coef", "n_kept",
@@ -627,21 +767,54 @@ METRICS = ["round", "episodes", "reward_mean", "reward_std", "kl", "kl_coef", "n
 
 class Run:
     """<runs-dir>/<run-name>/: config.json, metrics.csv (a row per round), episodes.jsonl (every
-    episode with its reward, influence and fate), and at the end the policy and its value head."""
+    episode with its reward, influence and fate), checkpoint.pt (the state after the last
+    checkpointed round, for --resume), and at the end the policy and its value head."""
 
     def __init__(self, args, n_rounds, n_trainable, device):
-        self.args, self.n_rounds = args, n_rounds
+        self.args, self.n_rounds, self.device = args, n_rounds, device
         self.dir = os.path.join(args.runs_dir, args.run_name)
         os.makedirs(self.dir, exist_ok=True)
         with open(os.path.join(self.dir, "config.json"), "w") as f:
             json.dump(vars(args), f, indent=1)
+        print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {device}, "
+              f"{args.dtype}: {n_rounds} rounds of {args.batch_size} episodes, filter "
+              f"{args.filter_method}, target {args.target} on {args.target_data} -> {self.dir}")
+
+    def restore(self, policy, optimizer, gen):
+        """Open metrics.csv and episodes.jsonl. Returns (first round, beta, prompt order): round 0's,
+        or with --resume those after the last checkpointed round, whose weights, optimizer and
+        random states are restored; its files keep the rows and episodes before that round."""
+        ckpt, path = None, os.path.join(self.dir, "checkpoint.pt")
+        if self.args.resume and os.path.exists(path):
+            ckpt = torch.load(path, map_location=self.device, weights_only=False)
+        start = 0 if ckpt is None else ckpt["round"] + 1
+        rows, episodes = [], []
+        if ckpt is not None:
+            with open(os.path.join(self.dir, "metrics.csv")) as f:
+                rows = [r for r in csv.DictReader(f) if int(r["round"]) < start]
+            with open(os.path.join(self.dir, "episodes.jsonl")) as f:
+                episodes = [line for line in f if json.loads(line)["round"] < start]
         self.metrics_file = open(os.path.join(self.dir, "metrics.csv"), "w", newline="")
         self.writer = csv.DictWriter(self.metrics_file, fieldnames=METRICS)
         self.writer.writeheader()
+        self.writer.writerows(rows)
+        self.metrics_file.flush()
         self.episodes_file = open(os.path.join(self.dir, "episodes.jsonl"), "w")
-        print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {device}: "
-              f"{n_rounds} rounds of {args.batch_size} episodes, filter {args.filter_method}, "
-              f"target {args.target} on {args.target_data} -> {self.dir}")
+        self.episodes_file.writelines(episodes)
+        self.episodes_file.flush()
+        if ckpt is None:
+            return 0, self.args.init_kl_coef, []
+        with torch.no_grad():
+            for n, p in policy.named_parameters():
+                if p.requires_grad:
+                    p.copy_(ckpt["trained"][n])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        if ckpt["cuda_rng"] is not None:
+            torch.cuda.set_rng_state_all(ckpt["cuda_rng"])
+        gen.set_state(ckpt["gen"])
+        print(f"resumed after round {ckpt['round']}")
+        return start, ckpt["kl_coef"], ckpt["order"]
 
     def end_round(self, row, b, queries, scores, kept, tokenizer):
         """Write the round's row and its episodes, and print its line."""
@@ -664,6 +837,21 @@ class Run:
               f"{row['t_forward']:.1f} influence {row['t_influence']:.1f} optim "
               f"{row['t_optim']:.1f}", flush=True)
 
+    def checkpoint(self, k, policy, optimizer, gen, kl_coef, order):
+        """After every --save-every-th round and the last: what the next round starts from. Written
+        to a temporary file first, so that a run killed while saving keeps the previous one."""
+        every = self.args.save_every
+        if not every or ((k + 1) % every and k + 1 < self.n_rounds):
+            return
+        path = os.path.join(self.dir, "checkpoint.pt")
+        torch.save(dict(round=k, trained={n: p.detach() for n, p in policy.named_parameters()
+                                          if p.requires_grad},
+                        optimizer=optimizer.state_dict(), kl_coef=kl_coef, order=order,
+                        torch_rng=torch.get_rng_state(), gen=gen.get_state(),
+                        cuda_rng=torch.cuda.get_rng_state_all() if self.device.type == "cuda"
+                        else None), path + ".tmp")
+        os.replace(path + ".tmp", path)
+
     def finish(self, policy, tokenizer):
         policy.lm.save_pretrained(os.path.join(self.dir, "policy"))  # the adapter only, with LoRA
         tokenizer.save_pretrained(os.path.join(self.dir, "policy"))
@@ -684,4 +872,5 @@ if __name__ == "__main__":
         main(args)
     except KeyboardInterrupt:
         run_dir = os.path.join(args.runs_dir, args.run_name)
-        sys.exit(f"\ninterrupted: every finished round is in {run_dir}/metrics.csv")
+        sys.exit(f"\ninterrupted: every finished round is in {run_dir}/metrics.csv; the same "
+                 "command with --resume continues after the last checkpointed round")

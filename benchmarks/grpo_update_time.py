@@ -1,7 +1,7 @@
 """Seconds of grpo_iif.py's update (TRL's forward and backward passes over one generation batch) against the
 fraction of completions kept: dropped completions taken out of the tensors (grpo_iif.py) or only masked (as
-TRL's mask_truncated_completions does); and the seconds of scoring the batch, exactly in both ways. On the
-toy task of results/grpo_toy.sh with its settings (64 completions, 4 micro-batches of 16), offline, CPU.
+TRL's mask_truncated_completions does). On the toy task of results/grpo_toy.sh with its settings (64
+completions, 4 micro-batches of 16), offline, CPU. What scoring costs: benchmarks/scoring_cost.py.
 
     python benchmarks/grpo_update_time.py --task results/rlhf_toy_task
 """
@@ -54,15 +54,10 @@ def main():
     torch.manual_seed(0)
     prompts = [{"prompt": p} for p in trainer.train_dataset["prompt"][:8] for _ in range(8)]
     b = trainer._generate_and_score_completions(prompts)
-    model = trainer.accelerator.unwrap_model(trainer.model)
     print(f"{args.model_name}: one generation batch of 64 completions, "
           f"{trainer.args.steps_per_generation} micro-batches; median of {a.reps} repetitions\n")
     t_update = seconds(lambda: update(trainer, b), a.reps)
     print(f"update on all 64 completions: {t_update:.3f} s")
-    for name, score in [("from activations (LoRA)", grpo_iif.influence_activations),
-                        ("forward mode (--no-lora; here on the LoRA weights)", grpo_iif.influence)]:
-        t = seconds(lambda: score(model, b, b, args), a.reps)
-        print(f"scoring, {name}: {t:.3f} s, {t / t_update:.1f} x the update")
     print("\n| kept | update, masked (s) | update, taken out (s) | taken out / masked |\n|---|---|---|---|")
     gen = torch.Generator().manual_seed(0)
     for frac in (1.0, 0.75, 0.55, 0.25):

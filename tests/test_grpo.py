@@ -46,13 +46,13 @@ def runs(toy, tmp_path_factory):
     return out
 
 
-def trainer_and_batch(toy, tmp_path, *extra, seed=0):
+def trainer_and_batch(toy, tmp_path, *extra, seed=0, prompts=4):
     """A float64 trainer and one generation batch (4 prompts x 2 completions) of the training prompts"""
     args = parse(toy, tmp_path, *extra)
     trainer = grpo_iif.make_trainer(args, dtype=torch.float64)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, read by TRL's loss
-    prompts = trainer.train_dataset["prompt"][:4]
+    prompts = trainer.train_dataset["prompt"][:prompts]
     torch.manual_seed(seed)
     b = trainer._generate_and_score_completions([{"prompt": p} for p in prompts for _ in range(2)])
     return args, trainer, b
@@ -385,3 +385,86 @@ def test_exact_answer_task_end_to_end(toy, tmp_path, chat):
     for r in rows:
         assert float(r["reward_mean"]) == 0 and int(r["n_kept"]) == 0 and r["n_negative"] == ""
         assert float(r["eval_accuracy"]) == 0 and r["eval_toxicity"] == ""
+
+
+@pytest.mark.parametrize("extra", [("--beta", "0"), ()])
+def test_activation_passes_agree_with_forward_mode(toy, tmp_path, monkeypatch, extra):
+    """At theta(k), float64: with beta = 0 one backward pass gives G and every score (grad f_seq is a multiple of
+    the losses' gradients there); with beta > 0 a second backward pass gives G; a validation target (here a copy
+    of the batch) or gradients too large to keep take a target pass first. All equal the forward-mode scores."""
+    args, trainer, b = trainer_and_batch(toy, tmp_path, "--filter-method", "none", *extra)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    assert "old_per_token_logps" not in b  # one optimizer step a generation batch: the ratio is exactly 1
+    forward_mode = grpo_iif.influence(model, b, b, args)
+    assert (forward_mode.abs() > 1e-10).all()
+    one_pass, validation = grpo_iif.influence_activations(model, b, b, args), grpo_iif.influence_activations(
+        model, b, dict(b), args)
+    monkeypatch.setattr(grpo_iif, "memory_for_grads", lambda device: 0)
+    for scores in (one_pass, validation, grpo_iif.influence_activations(model, b, b, args)):
+        assert torch.allclose(scores, forward_mode, rtol=1e-9, atol=1e-14), (scores, forward_mode)
+
+
+def test_bfloat16_scores_track_float64(toy, tmp_path):
+    """--dtype bfloat16 (TRL's bf16, frozen weights in bfloat16, scoring under autocast) against float64 on one
+    generation batch of 32 completions: tolerance Spearman >= 0.99 and >= 95 % of the completions with the same
+    fate (kept when the score is > 0); docs/grpo.md gives the figures on the trained toy task"""
+    import scipy.stats
+    args, trainer, b = trainer_and_batch(toy, tmp_path, "--filter-method", "none", "--batch-size", "32",
+                                         "--mini-batch-size", "32", prompts=16)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # a trained adapter's size: LoRA B away from 0
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.02 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    s64 = grpo_iif.influence_activations(model, b, b, args)
+    args16 = parse(toy, tmp_path, "--filter-method", "none", "--batch-size", "32", "--mini-batch-size", "32",
+                   "--dtype", "bfloat16")
+    trainer16 = grpo_iif.make_trainer(args16)
+    assert trainer16.args.bf16
+    model16 = trainer16.accelerator.unwrap_model(trainer16.model)
+    assert {p.dtype for p in model16.parameters() if not p.requires_grad} == {torch.bfloat16}
+    trained = dict(model.named_parameters())
+    with torch.no_grad():
+        for n, p in model16.named_parameters():
+            if p.requires_grad:
+                assert p.dtype == torch.float32
+                p.copy_(trained[n])
+    s16 = grpo_iif.influence_activations(model16, b, b, args16)
+    assert s16.dtype == torch.float32
+    rho = scipy.stats.spearmanr(s64.numpy(), s16.double().numpy()).statistic
+    same_fate = ((s64 > 0) == (s16 > 0)).double().mean()
+    print(f"bfloat16 against float64: Spearman {rho:.4f}, same fate {same_fate:.3f}")
+    assert rho >= 0.99 and same_fate >= 0.95
+
+
+def test_bfloat16_run_and_the_cpu_default(toy, tmp_path):
+    assert parse(toy, tmp_path).dtype == "float32" and parse(toy, tmp_path).forward_batch_size == 3
+    assert parse(toy, tmp_path, "--forward-batch-size", "16").forward_batch_size == 16
+    trainer = grpo_iif.main(parse(toy, tmp_path, "--dtype", "bfloat16", "--filter-method", "influence"))
+    rows = read_rows(tmp_path / "r")
+    assert trainer.args.bf16 and len(rows) == 2 and all(0 < int(r["n_kept"]) <= 8 for r in rows)
+
+
+def test_cheap_filters_keep_their_input_device():
+    """The masks are made where their input is (a GPU's tensors stay there); the meta device stands in here"""
+    advantages = torch.tensor([.1, -2., .5, 1.5, 0., 0., 0., 0.], device="meta")
+    assert grpo_iif.abs_advantage(advantages, 4, 2).device.type == "meta"
+    assert grpo_iif.zero_variance(advantages, 4).device.type == "meta"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("method", ["influence", "random"])
+def test_cuda_smoke(toy, tmp_path, method):
+    """On a GPU: bfloat16 by default, every stage on the device, the filters' masks on their input's device"""
+    args = grpo_iif.resolve_args(tyro.cli(grpo_iif.Args, args=[
+        a for a in flags(toy, "--runs-dir", str(tmp_path), "--run-name", "r", "--filter-method", method)
+        if a != "--use-cpu"]))
+    assert args.dtype == "bfloat16"
+    trainer = grpo_iif.main(args)
+    assert trainer.accelerator.device.type == "cuda" and len(read_rows(tmp_path / "r")) == 2
+    x = torch.tensor([0.5, -1.0, 0.0, -2.0], device="cuda")
+    gen = torch.Generator().manual_seed(0)
+    assert grpo_iif.filter_records(x, method, None, gen).device.type == "cuda"
+    for kept in (grpo_iif.abs_advantage(x, 2, 1), grpo_iif.max_variance(x, 2, 1), grpo_iif.zero_variance(x, 2)):
+        assert kept.device.type == "cuda"

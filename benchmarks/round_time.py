@@ -1,0 +1,143 @@
+"""The paper's Table 4 for rlhf_iif.py and grpo_iif.py: seconds of one round (a generation batch for GRPO) by
+component, standard training against IIF, for a policy of a named shape built here with random weights (no hub:
+timings only) and the byte-level tokenizer of benchmarks/rlhf_toy_task.py. Prints medians over rounds (the first
+of each run warms up) and the ratios the paper's cost claims rest on.
+
+    python benchmarks/round_time.py --shape gpt-neo-2.7B --device cuda    # Table 4's setting, on a GPU
+    python benchmarks/round_time.py --script grpo --shape qwen2.5-0.5B --device cuda --batch-size 128 \
+        --gen-tokens 128 --mini-batch-size 16 --num-generations 8
+    python benchmarks/round_time.py --shape gpt-neo-125M --batch-size 32 --threads 1    # a CPU
+
+rlhf: --batch-size episodes a round, mini-batch 1, 4 epochs, LoRA r 16 on q/v (the paper's and the released
+code's); grpo: --batch-size completions a generation batch, --num-generations per prompt, --mini-batch-size a
+micro-batch, LoRA. Both at the scripts' default --dtype and --forward-batch-size for the device unless given.
+"""
+import argparse
+import csv
+import os
+import random
+import sys
+import tempfile
+
+import numpy as np
+import torch
+import tyro
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_classifier, write_data  # noqa: E402
+
+COLS = ["t_generate", "t_forward", "t_influence", "t_optim"]
+# the paper's Table 4 (one A100-80GB, gpt-neo-2.7B, 256 episodes; bfloat16 as the released code loads it): IIF,
+# standard
+PAPER = {"t_generate": (1.71, 1.59), "t_forward": (1.03, 0.99), "t_influence": (2.2, None),
+         "t_optim": (40.39, 85.56), "round": (45.28, 88.15)}
+
+
+def policy_of(shape, vocab, eos):
+    """A causal LM of the named shape (or W x L: a GPT-Neo of width W and L layers), random weights"""
+    from transformers import GPTNeoConfig, GPTNeoForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    ids = dict(vocab_size=vocab, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    if shape == "qwen2.5-0.5B":
+        return Qwen2ForCausalLM(Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                            num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True,
+                                            max_position_embeddings=2048, rope_theta=1e6, **ids))
+    width, layers, heads = {"gpt-neo-2.7B": (2560, 32, 20), "gpt-neo-125M": (768, 12, 12)}.get(shape, (0, 0, 0))
+    if not width:
+        width, layers = map(int, shape.split("x"))
+        heads = max(2, width // 64)
+    return GPTNeoForCausalLM(GPTNeoConfig(hidden_size=width, num_layers=layers, num_heads=heads,
+                                          attention_types=[[["global", "local"], layers // 2]], window_size=256,
+                                          intermediate_size=4 * width, max_position_embeddings=2048, **ids))
+
+
+def run(script, root, method, rep, a):
+    common = ["--model-name", os.path.join(root, "policy"), "--reward-model", os.path.join(root, "reward"),
+              "--dataset", os.path.join(root, "prompts.jsonl"), "--eval-every", "0", "--filter-method", method,
+              "--batch-size", str(a.batch_size), "--gen-tokens", str(a.gen_tokens), "--runs-dir",
+              os.path.join(root, "runs"), "--run-name", f"{method}_{rep}",
+              *(["--threads", str(a.threads)] if a.threads else []), *(["--dtype", a.dtype] if a.dtype else []),
+              *(["--forward-batch-size", str(a.forward_batch_size)] if a.forward_batch_size else [])]
+    if script.__name__ == "rlhf_iif":
+        flags = [*common, "--mini-batch-size", "1", "--ppo-epochs", "4", "--rounds", str(a.rounds),
+                 "--device", a.device]
+    else:
+        steps = a.batch_size // a.mini_batch_size
+        flags = [*common, "--mini-batch-size", str(a.mini_batch_size), "--num-generations", str(a.num_generations),
+                 "--max-steps", str(a.rounds * steps), "--beta", str(a.beta), "--logging-steps", str(10 ** 6),
+                 *(["--use-cpu"] if a.device == "cpu" else [])]
+    args = script.resolve_args(tyro.cli(script.Args, args=flags))
+    script.main(args)
+    with open(os.path.join(root, "runs", f"{method}_{rep}", "metrics.csv")) as f:
+        return list(csv.DictReader(f))[1:], args  # round 0 warms up
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--script", choices=["rlhf", "grpo"], default="rlhf")
+    ap.add_argument("--shape", default="gpt-neo-2.7B", help="gpt-neo-2.7B, gpt-neo-125M, qwen2.5-0.5B, or WxL")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], help="default: the scripts' for the device")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--gen-tokens", type=int, default=30)
+    ap.add_argument("--forward-batch-size", type=int, help="default: the scripts' for the device")
+    ap.add_argument("--mini-batch-size", type=int, default=16, help="grpo only")
+    ap.add_argument("--num-generations", type=int, default=8, help="grpo only")
+    ap.add_argument("--beta", type=float, default=0.04, help="grpo only: its KL coefficient")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds (generation batches) a run; the first warms up")
+    ap.add_argument("--reps", type=int, default=2, help="alternating runs of each method")
+    ap.add_argument("--threads", type=int)
+    a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    if a.script == "rlhf":
+        import rlhf_iif as script
+    else:
+        import grpo_iif as script
+    root = tempfile.mkdtemp(prefix="round_time_")
+    torch.manual_seed(0)
+    tok = byte_tokenizer()
+    write_data(root, random.Random(0), n_prompts=2 * a.batch_size * (a.rounds + 1))
+    with torch.device(a.device):
+        lm = policy_of(a.shape, len(tok), tok.eos_token_id)
+    lm.save_pretrained(os.path.join(root, "policy"))
+    n_params = sum(p.numel() for p in lm.parameters())
+    del lm
+    tiny_classifier(tok, ["nothate", "hate"]).save_pretrained(os.path.join(root, "reward"))
+    for name in ("policy", "reward"):
+        tok.save_pretrained(os.path.join(root, name))
+    rows = {"none": [], "influence": []}
+    for rep in range(a.reps):
+        for method in rows:
+            r, args = run(script, root, method, rep, a)
+            rows[method] += r
+    med = {m: {c: float(np.median([float(r[c]) for r in rs])) for c in COLS + ["n_kept"]} for m, rs in rows.items()}
+    for m in med.values():
+        m["round"] = sum(m[c] for c in COLS)
+    device = torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
+    what = (f"{a.batch_size} episodes a round, mini-batch 1, 4 epochs" if a.script == "rlhf" else
+            f"{a.batch_size} completions a generation batch ({a.num_generations} per prompt), micro-batches of "
+            f"{a.mini_batch_size}, beta {a.beta:g}")
+    print(f"{a.script}_iif.py, {a.shape} shape ({n_params / 1e9:.2f} B parameters, random weights, byte vocabulary), "
+          f"{device}, {args.dtype}, forward batch {args.forward_batch_size}: {what}, LoRA r 16, "
+          f"{a.gen_tokens}-token continuations; seconds, medians over {a.reps} x {a.rounds - 1} rounds\n")
+    paper = a.script == "rlhf" and a.shape == "gpt-neo-2.7B"
+    print("| component | standard | IIF |" + (" paper, standard | paper, IIF |" if paper else ""))
+    print("|---|---|---|" + ("---|---|" if paper else ""))
+    names = {"t_generate": "generation and reward", "t_forward": "forward", "t_influence": "influence",
+             "t_optim": "optimisation", "round": "round"}
+    for c, name in names.items():
+        std = "-" if c == "t_influence" else f"{med['none'][c]:.2f}"
+        line = f"| {name} | {std} | {med['influence'][c]:.2f} |"
+        if paper:
+            line += f" {PAPER[c][1] if PAPER[c][1] is not None else '-'} | {PAPER[c][0]} |"
+        print(line)
+    std, iif = med["none"], med["influence"]
+    ratio = iif["t_influence"] / std["t_optim"]
+    cost = (f"influence / standard's optimisation {ratio:.1%} (paper 2.2 / 85.56 = 2.6 %)" if a.script == "rlhf"
+            else f"influence / standard's update (one forward and backward pass of the batch) {ratio:.2f}")
+    print(f"\nkept {iif['n_kept'] / a.batch_size:.0%}; {cost}; IIF's optimisation / standard's "
+          f"{iif['t_optim'] / std['t_optim']:.2f}; round / standard's {iif['round'] / std['round']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
