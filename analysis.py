@@ -5,6 +5,7 @@ draw it in a PNG:
 
     python analysis.py curves --runs results/runs --env FrozenLake-v1
     python analysis.py efficiency --runs results/runs --env FrozenLake-v1 Acrobot-v1
+    python analysis.py sensitivity --runs results/tuned/runs --env FrozenLake-v1
     D=results/diagnostics
     python analysis.py bottom-records --run $D/FrozenLake-v1__none__1 --rounds 2 5 10
     python analysis.py advantage-diagnosis --run $D/FrozenLake-v1__none__1 --round 5
@@ -385,6 +386,148 @@ def cmd_curves(args):
                   f"lowest after round {n // 2}: {', '.join(f'{v:.1f}' for v in late)}")
         ax.set(title=env_id, xlabel="round", ylabel="test return")
         ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+
+
+# ---- Each method at its own best learning rate ----
+
+@dataclass
+class Sensitivity:
+    """Standard PPO and IIF at several learning rates: each (method, rate) scored by the area under
+    its test curve (the mean test return over the tested rounds) and its final test return; each
+    method's best rate (highest mean area); best against best, beside the paper's protocol (both at
+    the preset's rate)"""
+    env: tuple[str, ...]
+    """env ids, one panel each"""
+    runs: str = "results/tuned/runs"
+    """folder of <env>__<method>-lr<m>x__<seed> runs (results/tuned.py), method none or influence,
+    m the multiple of the preset's learning rate"""
+    out: str = "sensitivity.png"
+    """PNG to write"""
+
+
+def tuned_runs(runs_dir, env_id):
+    """{method: {multiple: {seed: rows}}} of the finished runs, the rounds compared (the fewest any
+    run was started for: BipedalWalker's 250 of 500), and what was left out: {(method, multiple):
+    [(seed, 'diverged' or 'unfinished')]}"""
+    found = load_runs(runs_dir, env_id)
+    plan = {(lb, s): planned_rounds(runs_dir, env_id, lb, s, len(rows))
+            for lb, seeds in found.items() for s, rows in seeds.items()}
+    n = min(plan.values())
+    runs, left = defaultdict(lambda: defaultdict(dict)), defaultdict(list)
+    for lb, seeds in found.items():
+        method, _, m = lb.partition("-lr")
+        m = float(m[:-1])
+        for s, rows in seeds.items():
+            err = os.path.join(runs_dir, f"{env_id}__{lb}__{s}.err")
+            if os.path.exists(err) and "non-finite" in open(err).read():
+                left[method, m].append((s, "diverged"))
+            elif len(rows) < n:
+                left[method, m].append((s, "unfinished"))
+            else:
+                runs[method][m][s] = rows[:n]
+    for err in glob.glob(os.path.join(runs_dir, f"{env_id}__*__*.err")):  # diverged before round 0 ended
+        lb, s = os.path.basename(err)[:-4].split("__")[1:]
+        method, _, m = lb.partition("-lr")
+        if (lb, s) not in plan and "non-finite" in open(err).read():
+            left[method, float(m[:-1])].append((s, "diverged"))
+    return runs, n, left
+
+
+def area_and_final(rows):
+    tested = [r["test_return_mean"] for r in rows if not math.isnan(r["test_return_mean"])]
+    return float(np.mean(tested)), tested[-1]
+
+
+def cmd_sensitivity(args):
+    names = {"none": "standard", "influence": "IIF"}
+    fig, axes = plt.subplots(2, len(args.env), figsize=(3.6 * len(args.env), 5.6), squeeze=False)
+    table, best_rows, verdicts = [], [], []
+    for j, env_id in enumerate(args.env):
+        runs, n, left = tuned_runs(args.runs, env_id)
+        n_seeds = max(len(seeds) for rates in runs.values() for seeds in rates.values())
+        best = {}
+        for method in ("none", "influence"):
+            scores, xs, ys = {}, [], {"area": [], "final": []}
+            for m in sorted(set(runs[method]) | {m for (mt, m) in left if mt == method}):
+                seeds = runs[method].get(m, {})
+                lost = left.get((method, m), [])
+                diverged = [s for s, why in lost if why == "diverged"]
+                note = ""
+                if diverged:
+                    note = f"diverged ({len(diverged)} of {len(seeds) + len(lost)} seeds)"
+                elif len(seeds) < n_seeds:
+                    note = f"{len(seeds)} of {n_seeds} seeds finished"
+                cells = ["-", "-"]
+                if seeds:
+                    area, final = zip(*(area_and_final(r) for r in seeds.values()))
+                    fmt = ".3f" if max(abs(x) for x in final) <= 1 else ".1f"
+                    cells = [fmt_ci(area, 1, fmt), fmt_ci(final, 1, fmt)]
+                    if not note:
+                        scores[m] = dict(zip(seeds, area))
+                        xs.append(m)
+                        for key, v in (("area", area), ("final", final)):
+                            ys[key].append(mean_ci(v))
+                table.append((env_id, names[method], m, len(seeds), *cells, note))
+            if scores:
+                best[method] = max(scores, key=lambda m: np.mean(list(scores[m].values())))
+                table = [(*r[:6], (r[6] + "; " if r[6] else "") + "best")
+                         if r[:3] == (env_id, names[method], best[method]) else r for r in table]
+            color = COLORS[method]
+            for i, key in enumerate(("area", "final")):
+                if xs:
+                    mean, low, high = np.array(ys[key]).T
+                    axes[i, j].errorbar(xs, mean, yerr=[mean - low, high - mean], color=color,
+                                        marker="o", capsize=3, label=LABELS[method])
+                for (mt, m), lost in left.items():
+                    if mt == method and any(why == "diverged" for _, why in lost):
+                        axes[i, j].axvline(m, color=color, linestyle=":", alpha=0.6)
+        for i, key in enumerate(("mean test return over the rounds", "final test return")):
+            axes[i, j].set(xscale="log", xlabel="learning rate / preset's", ylabel=key)
+            axes[i, j].set_xticks(sorted({m for rates in runs.values() for m in rates}))
+            axes[i, j].set_xticklabels([f"{m:g}" for m in axes[i, j].get_xticks()])
+        axes[0, j].set_title(env_id, fontsize=10)
+        axes[0, j].legend(fontsize=8)
+        if len(best) < 2:
+            continue
+        for name, (m_std, m_iif) in (("best against best", (best["none"], best["influence"])),
+                                     ("both at the preset's", (1.0, 1.0))):
+            std, iif = runs["none"].get(m_std, {}), runs["influence"].get(m_iif, {})
+            seeds = sorted(set(std) & set(iif))
+            if not seeds:
+                continue
+            res = {rd: [efficiency(std[s], iif[s], rd) for s in seeds] for rd in ("records", "even")}
+            diff = [area_and_final(iif[s])[0] - area_and_final(std[s])[0] for s in seeds]
+            finals = [[area_and_final(r[s])[1] for s in seeds] for r in (std, iif)]
+            fmt = ".3f" if max(abs(x) for f in finals for x in f) <= 1 else ".1f"
+            best_rows.append(
+                f"| {env_id} | {name} | {m_std:g} | {m_iif:g} | {len(seeds)} "
+                f"| {fmt_ci([e['se_ave'] for e in res['records']])} "
+                f"| {fmt_ci([e['se_ave'] for e in res['even']])} "
+                f"| {fmt_ci([e['se_peak'] for e in res['records']])} "
+                f"| {fmt_ci([e['rt_peak'] for e in res['records']])} "
+                f"| {fmt_ci(finals[0], 1, fmt)} | {fmt_ci(finals[1], 1, fmt)} | {fmt_ci(diff, 1, fmt)} |")
+            if name == "best against best":
+                mean, low, high = mean_ci(diff)
+                way = ("IIF higher" if low > 0 else "standard higher" if high < 0
+                       else "no difference shown")
+                verdicts.append(f"{env_id}: {way} (area, IIF at {m_iif:g} x minus standard at "
+                                f"{m_std:g} x: {mean:{fmt}} [{low:{fmt}}, {high:{fmt}}], {len(seeds)} seeds)")
+    print("Each (method, learning rate): area = mean test return over the tested rounds, final = test "
+          "return after the last compared round; mean over seeds [95 % bootstrap interval]. Best: the "
+          "rate with the highest mean area.\n")
+    print("| env | method | lr / preset's | seeds | area | final | |\n|---|---|---|---|---|---|---|")
+    for env_id, method, m, k, area, final, note in table:
+        print(f"| {env_id} | {method} | {m:g} | {k} | {area} | {final} | {note} |")
+    print("\nIIF against standard PPO, paired by seed: SE in %; finals and the area difference (IIF minus "
+          "standard) in test return; mean [95 % bootstrap interval]\n")
+    print("| env | comparison | standard's lr x | IIF's lr x | seeds | SE_ave, records | SE_ave, even | SE_peak "
+          "| RT_peak | standard, final | IIF, final | area, IIF - standard |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(best_rows))
+    print("\nWhich way it falls, best against best:\n" + "\n".join(verdicts))
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")
@@ -1225,6 +1368,7 @@ COMMANDS = {  # subcommand: (its flags, what it runs)
     "curves": (Curves, cmd_curves),
     "efficiency": (Efficiency, cmd_efficiency),
     "ablation": (Ablation, cmd_ablation),
+    "sensitivity": (Sensitivity, cmd_sensitivity),
     "bottom-records": (BottomRecords, cmd_bottom_records),
     "dropped": (Dropped, cmd_dropped),
     "rescore": (Rescore, cmd_rescore),

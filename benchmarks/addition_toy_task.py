@@ -92,6 +92,7 @@ def pretrain(model, tok, train, rng, max_steps, stop_at, p_more, bs=64, lr=1e-3,
 
 def build(out, seed=0, n_test=400, max_steps=3000, stop_at=0.35, p_more=0.5):
     """Write policy/ (save_pretrained), train.jsonl and test.jsonl, and build.json (how it went)"""
+    t0, cpu0 = time.time(), time.process_time()
     rng = random.Random(seed)
     torch.manual_seed(seed)
     os.makedirs(out, exist_ok=True)
@@ -106,7 +107,8 @@ def build(out, seed=0, n_test=400, max_steps=3000, stop_at=0.35, p_more=0.5):
     torch.manual_seed(seed + 1)
     test_rate = pass_rate(model, tok, test)
     with open(os.path.join(out, "build.json"), "w") as f:
-        json.dump(dict(seed=seed, steps=steps, probe_pass_rate=rate, test_pass_rate=test_rate), f)
+        json.dump(dict(seed=seed, steps=steps, probe_pass_rate=rate, test_pass_rate=test_rate,
+                       wall_seconds=round(time.time() - t0), cpu_seconds=round(time.process_time() - cpu0)), f)
     print(f"pre-trained {steps} steps: sampled pass rate {rate:.2f} on the probe, {test_rate:.2f} "
           f"on the {len(test)} test pairs")
 

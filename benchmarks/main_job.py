@@ -48,11 +48,13 @@ if __name__ == "__main__":
             t, out = timed([sys.executable, os.path.join(ROOT, "iif.py"), "--env-id", "Acrobot-v1",
                             "--run-name", f"main_job_{rep}"], tmp)
             ours.append(t)
-            header, last = out.splitlines()[0], out.splitlines()[-1]
+            lines = out.splitlines()
+            if rep == 0:  # the printout of the first run: its header, first and last rounds
+                shown = [lines[0], lines[1], lines[-1]]
             sb3.append(timed([sys.executable, "-c", SB3], tmp)[0])
             rows.append(f"| {rep + 1} | {ours[-1]:.0f} | {sb3[-1]:.0f} | {ours[-1] / sb3[-1]:.2f} |")
             print(rows[-1], file=sys.stderr, flush=True)  # progress; the table below is the printout
-    print(f"{header}\n{last}\n")
+    print("\n".join(shown) + "\n")
     print("| pair | iif.py main job (s) | SB3 PPO training (s) | ratio |")
     print("|---|---|---|---|")
     print("\n".join(rows))

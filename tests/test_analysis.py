@@ -363,3 +363,29 @@ def test_counterfactual_subcommand(frozenlake_runs, tmp_path):
     assert all(lds["snapshot", k] == lds["tracin", k] for k in ("1", "3", "mean"))
     assert lds["snapshot", "mean"] == pytest.approx((lds["snapshot", "1"] + lds["snapshot", "3"]) / 2, abs=1e-3)
     assert "| round | dropped | predicted delta f |" in out and (tmp_path / "cf.png").exists()
+
+
+def test_sensitivity_picks_each_methods_best_rate_and_compares_them(tmp_path):
+    """Areas (mean test return over the rounds) by hand; a diverged rate is shown and never best; best against
+    best is paired by seed"""
+    runs = {("none-lr1x", 1): [0, 1, 2, 3], ("none-lr1x", 2): [0, 1, 2, 4],  # areas 1.5, 1.75
+            ("none-lr3x", 1): [1, 2, 3, 3], ("none-lr3x", 2): [1, 2, 3, 4],  # 2.25, 2.5: standard's best
+            ("influence-lr1x", 1): [0, 2, 3, 3], ("influence-lr1x", 2): [0, 2, 3, 4],
+            ("influence-lr3x", 1): [2, 3, 3, 3], ("influence-lr3x", 2): [2, 3, 4, 4],  # 2.75, 3.25: IIF's best
+            ("influence-lr10x", 2): [5]}  # stopped on a non-finite loss after a round
+    for (label, seed), returns in runs.items():
+        write_run(tmp_path, label, seed, returns)
+        with open(tmp_path / f"E__{label}__{seed}" / "config.json", "w") as f:
+            f.write('{"num_rounds": 4}')
+    for seed in (1, 2):  # seed 1 diverged before its first round ended: no folder
+        (tmp_path / f"E__influence-lr10x__{seed}.err").write_text("error: round 0: non-finite PPO loss (nan)")
+    out = sh("analysis.py", "sensitivity", "--runs", str(tmp_path), "--env", "E", "--out", str(tmp_path / "s.png"))
+    assert (tmp_path / "s.png").stat().st_size > 10_000
+    lines = out.splitlines()
+    assert any(re.match(r"\| E \| standard \| 3 \| 2 \| 2\.4 \[2\.2, 2\.5\] \| .* \| best \|$", line) for line in lines)
+    assert any(re.match(r"\| E \| IIF \| 3 \| 2 \| 3\.0 \[2\.8, 3\.2\] \| .* \| best \|$", line) for line in lines)
+    assert "| E | IIF | 10 | 0 | - | - | diverged (2 of 2 seeds) |" in lines
+    assert any(line.startswith("| E | best against best | 3 | 3 | 2 |") and line.endswith("| 0.6 [0.5, 0.8] |")
+               for line in lines)
+    assert any(line.startswith("| E | both at the preset's | 1 | 1 | 2 |") for line in lines)
+    assert "E: IIF higher (area, IIF at 3 x minus standard at 3 x: 0.6 [0.5, 0.8], 2 seeds)" in out

@@ -86,6 +86,7 @@ for env in ${ENVS:-minigrid lunarlander}; do
   for s in ${SEEDS:-1 2 3 4 5}; do
     if [ $env = minigrid ]; then
       std=minigrid_88_sgd_lr-5e-3_feat-64_step-80k_seed-$s
+      # the release's README names run_train_minigrid_adam.sh, which it does not hold: its SGD script
       train="bash run_train_minigrid_sgd.sh $s"
       test="bash run_eval_baseline.sh $s $CPUS"
       iif=run_iif_minigrid.sh

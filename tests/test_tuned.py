@@ -1,0 +1,45 @@
+"""results/tuned.py: which rate the grid of a method gains when its best rate lies at the grid's edge."""
+import csv
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results"))
+import tuned  # noqa: E402
+
+
+def write(runs, method, m, seed, area, rounds=50):
+    path = runs / f"FrozenLake-v1__{tuned.label(method, m)}__{seed}"
+    os.makedirs(path)
+    with open(path / "metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["round", "test_return_mean"])
+        w.writeheader()
+        w.writerows(dict(round=k, test_return_mean=area) for k in range(rounds))
+
+
+@pytest.mark.parametrize("areas, expected", [({1: .1, 3: .2, 10: .3}, 20), ({1: .3, 3: .2, 10: .1}, 0.3),
+                                             ({1: .1, 3: .3, 10: .2}, None)])
+def test_edge_rate(tmp_path, monkeypatch, areas, expected):
+    monkeypatch.setattr(tuned, "RUNS", str(tmp_path))
+    monkeypatch.setattr(tuned.sc, "picked", lambda: {"FrozenLake-v1": 10})  # the KL-matched multiple
+    for m, area in areas.items():
+        for seed in (1, 2, 3):
+            write(tmp_path, "influence", m, seed, area)
+    assert tuned.grid("FrozenLake-v1", "influence") == [1, 3, 10]
+    assert tuned.edge_rate("FrozenLake-v1", "influence") == expected
+
+
+def test_an_unfinished_or_diverged_rate(tmp_path, monkeypatch):
+    monkeypatch.setattr(tuned, "RUNS", str(tmp_path))
+    monkeypatch.setattr(tuned.sc, "picked", lambda: {"FrozenLake-v1": 10})
+    for m, area in {1: .1, 3: .2, 10: .3}.items():
+        for seed in (1, 2, 3):
+            write(tmp_path, "none", m, seed, area, rounds=50 if (m, seed) != (10, 3) else 20)
+    assert tuned.state("FrozenLake-v1", "none", 10, 3) == "partial 20"
+    assert tuned.edge_rate("FrozenLake-v1", "none") is None  # not every run is finished
+    write(tmp_path, "none", 20, 1, .4)
+    (tmp_path / f"FrozenLake-v1__{tuned.label('none', 20)}__2.err").write_text("non-finite PPO loss")
+    assert tuned.grid("FrozenLake-v1", "none") == [1, 3, 10, 20]  # the added rate's seed 1 marks it
+    assert tuned.state("FrozenLake-v1", "none", 20, 2) == "diverged"
+    assert tuned.area("FrozenLake-v1", "none", 20) == float("-inf")
