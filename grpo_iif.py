@@ -346,9 +346,9 @@ def influence_activations(model, b, t, args, world=1, all_sum=lambda g: g):
     Target on the generation batch: one forward pass and one backward pass of the losses (row i of
     dy is the gradient of l_i alone) give every completion's LoRA gradient g_i, kept until G is
     complete. With beta = 0 (TRL's default), or the target f_loss, G is a sum of multiples of the
-    g_i at theta(k), where the ratio is 1: no other pass. Otherwise a second backward pass, for f,
-    gives G. With a validation target, or gradients too large to keep: a pass over t for G, then
-    one over b."""
+    g_i at theta(k), where the ratio is 1 (to rounding, where TRL recomputes the old log-probs): no
+    other pass. Otherwise a second backward pass, for f, gives G. With a validation target, or
+    gradients too large to keep: a pass over t for G, then one over b."""
     layers = trained_linears(model)
     bf16 = args.dtype == "bfloat16"
     n_bytes = 4 * len(b["advantages"]) * sum(m.weight.numel() for m in layers)
@@ -357,7 +357,8 @@ def influence_activations(model, b, t, args, world=1, all_sum=lambda g: g):
     G = [0.0] * len(layers)
 
     def add_to_G(G, io, dys):  # G += sum over the batch's tokens of dy x^T, in float32
-        return [g + torch.einsum("...o,...i->oi", up(dy), up(x)) for g, (x, _), dy in zip(G, io, dys)]
+        return [g + torch.einsum("...o,...i->oi", up(dy), up(x))
+                for g, (x, _), dy in zip(G, io, dys)]
 
     def reduce(G):  # every process's share added up
         flat = all_sum(torch.cat([g.flatten() for g in G]))
@@ -376,7 +377,8 @@ def influence_activations(model, b, t, args, world=1, all_sum=lambda g: g):
             scores.append(-sum(((up(dy) @ g) * up(x)).flatten(1).sum(1)
                                for g, (x, _), dy in zip(G, io, dys)))
             continue
-        grads.append([torch.einsum("b...o,b...i->boi", up(dy), up(x)) for (x, _), dy in zip(io, dys)])
+        grads.append([torch.einsum("b...o,b...i->boi", up(dy), up(x))
+                      for (x, _), dy in zip(io, dys)])
         if not proportional:  # f's share of G, from the same forward pass
             G = add_to_G(G, io, grad(target(model, b, idx, args, world, logp=logp), io))
     if one_pass:
@@ -408,8 +410,8 @@ def memory_for_grads(device):
 
 def filter_records(scores, method, p, gen):
     """Stage II of Alg. 1: returns the kept mask, on the scores' device. 'influence' drops every
-    completion with influence <= 0 (p None), or the floor(p x n_negative) most negative ones, ties broken by buffer
-    order; 'random' drops as many uniformly at random."""
+    completion with influence <= 0 (p None), or the floor(p x n_negative) most negative ones,
+    ties broken by buffer order; 'random' drops as many uniformly at random."""
     kept = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
     if p is None:
         n_drop = int((scores <= 0).sum())
@@ -842,7 +844,8 @@ def resolve_args(args):
     if args.dtype is None:
         args.dtype = "bfloat16" if gpu and torch.cuda.is_bf16_supported() else "float32"
     if args.dtype == "bfloat16" and gpu and not torch.cuda.is_bf16_supported():
-        fail(f"--dtype bfloat16: {torch.cuda.get_device_name()} has no bfloat16; use --dtype float32")
+        fail(f"--dtype bfloat16: {torch.cuda.get_device_name()} has no bfloat16; use --dtype "
+             "float32")
     if args.forward_batch_size is None:
         args.forward_batch_size = 64 if gpu else 16
     for key in ("batch_size", "mini_batch_size", "gradient_accumulation_steps",

@@ -477,7 +477,8 @@ def influence_forward_mode(policy, b, t, args):
     # AD, the math one does.
     scores = []
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), fwAD.dual_level():
-        duals = {n: fwAD.make_dual(params[n].detach(), g) for n, g in grads.items() if g is not None}
+        duals = {n: fwAD.make_dual(params[n].detach(), g) for n, g in grads.items()
+                 if g is not None}
         for idx in batches(len(b["ids"]), args.forward_batch_size):
             loss = ppo_losses(policy, b, idx, args, duals)
             scores.append(-fwAD.unpack_dual(loss).tangent)
@@ -749,8 +750,8 @@ def resolve_args(args):
     if args.resume and os.path.exists(os.path.join(run_dir, "checkpoint.pt")):
         with open(os.path.join(run_dir, "config.json")) as f:
             saved = json.load(f)
-        changed = [f"--{k.replace('_', '-')} {saved.get(k)} (now {v})" for k, v in vars(args).items()
-                   if k not in MAY_CHANGE and saved.get(k) != v]
+        changed = [f"--{k.replace('_', '-')} {saved.get(k)} (now {v})"
+                   for k, v in vars(args).items() if k not in MAY_CHANGE and saved.get(k) != v]
         if changed:
             fail(f"--resume: {run_dir} was run with other flags: {'; '.join(changed)}")
     return args
@@ -781,9 +782,10 @@ class Run:
               f"{args.filter_method}, target {args.target} on {args.target_data} -> {self.dir}")
 
     def restore(self, policy, optimizer, gen):
-        """Open metrics.csv and episodes.jsonl. Returns (first round, beta, prompt order): round 0's,
-        or with --resume those after the last checkpointed round, whose weights, optimizer and
-        random states are restored; its files keep the rows and episodes before that round."""
+        """Open metrics.csv and episodes.jsonl. Returns (first round, beta, prompt order): round
+        0's, or with --resume those after the last checkpointed round, whose weights, optimizer
+        and random states are restored; its files keep the rows and episodes before that
+        round."""
         ckpt, path = None, os.path.join(self.dir, "checkpoint.pt")
         if self.args.resume and os.path.exists(path):
             ckpt = torch.load(path, map_location=self.device, weights_only=False)
