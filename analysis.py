@@ -481,15 +481,17 @@ def cmd_sensitivity(args):
                     mean, low, high = np.array(ys[key]).T
                     axes[i, j].errorbar(xs, mean, yerr=[mean - low, high - mean], color=color,
                                         marker="o", capsize=3, label=LABELS[method])
-                for (mt, m), lost in left.items():
-                    if mt == method and any(why == "diverged" for _, why in lost):
-                        axes[i, j].axvline(m, color=color, linestyle=":", alpha=0.6)
+                diverged = [m for (mt, m), lost in left.items()
+                            if mt == method and any(why == "diverged" for _, why in lost)]
+                for k, m in enumerate(diverged):
+                    axes[i, j].axvline(m, color=color, linestyle=":", alpha=0.6,
+                                       label=f"{LABELS[method]} diverged" if k == 0 else None)
         for i, key in enumerate(("mean test return over the rounds", "final test return")):
             axes[i, j].set(xscale="log", xlabel="learning rate / preset's", ylabel=key)
-            axes[i, j].set_xticks(sorted({m for rates in runs.values() for m in rates}))
+            axes[i, j].set_xticks(sorted({m for rates in runs.values() for m in rates}
+                                         | {m for _, m in left}))
             axes[i, j].set_xticklabels([f"{m:g}" for m in axes[i, j].get_xticks()])
         axes[0, j].set_title(env_id, fontsize=10)
-        axes[0, j].legend(fontsize=8)
         if len(best) < 2:
             continue
         for name, (m_std, m_iif) in (("best against best", (best["none"], best["influence"])),
@@ -528,7 +530,11 @@ def cmd_sensitivity(args):
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(best_rows))
     print("\nWhich way it falls, best against best:\n" + "\n".join(verdicts))
-    fig.tight_layout()
+    legend = {}  # one legend for every panel, below them
+    for ax in axes.flat:
+        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
+    fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=4, fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(args.out, dpi=120)
     print(f"wrote {args.out}")
 
