@@ -418,8 +418,7 @@ def tuned_runs(runs_dir, env_id):
     n = min(plan.values())
     runs, left = defaultdict(lambda: defaultdict(dict)), defaultdict(list)
     for lb, seeds in found.items():
-        method, _, m = lb.partition("-lr")
-        m = float(m[:-1])
+        method, m = method_and_rate(lb)
         for s, rows in seeds.items():
             err = os.path.join(runs_dir, f"{env_id}__{lb}__{s}.err")
             if os.path.exists(err) and "non-finite" in open(err).read():
@@ -430,10 +429,15 @@ def tuned_runs(runs_dir, env_id):
                 runs[method][m][s] = rows[:n]
     for err in glob.glob(os.path.join(runs_dir, f"{env_id}__*__*.err")):  # diverged before round 0 ended
         lb, s = os.path.basename(err)[:-4].split("__")[1:]
-        method, _, m = lb.partition("-lr")
         if (lb, s) not in plan and "non-finite" in open(err).read():
-            left[method, float(m[:-1])].append((s, "diverged"))
+            left[method_and_rate(lb)].append((s, "diverged"))
     return runs, n, left
+
+
+def method_and_rate(label):
+    """'influence-lr3x' -> ('influence', 3.0)"""
+    method, _, m = label.partition("-lr")
+    return method, float(m[:-1])
 
 
 def area_and_final(rows):
@@ -450,7 +454,7 @@ def cmd_sensitivity(args):
         n_seeds = max(len(seeds) for rates in runs.values() for seeds in rates.values())
         best = {}
         for method in ("none", "influence"):
-            scores, xs, ys = {}, [], {"area": [], "final": []}
+            areas, rows, xs, ys = {}, [], [], {"area": [], "final": []}
             for m in sorted(set(runs[method]) | {m for (mt, m) in left if mt == method}):
                 seeds = runs[method].get(m, {})
                 lost = left.get((method, m), [])
@@ -465,16 +469,15 @@ def cmd_sensitivity(args):
                     area, final = zip(*(area_and_final(r) for r in seeds.values()))
                     fmt = ".3f" if max(abs(x) for x in final) <= 1 else ".1f"
                     cells = [fmt_ci(area, 1, fmt), fmt_ci(final, 1, fmt)]
-                    if not note:
-                        scores[m] = dict(zip(seeds, area))
+                    if not note:  # a candidate for the best rate
+                        areas[m] = np.mean(area)
                         xs.append(m)
                         for key, v in (("area", area), ("final", final)):
                             ys[key].append(mean_ci(v))
-                table.append((env_id, names[method], m, len(seeds), *cells, note))
-            if scores:
-                best[method] = max(scores, key=lambda m: np.mean(list(scores[m].values())))
-                table = [(*r[:6], (r[6] + "; " if r[6] else "") + "best")
-                         if r[:3] == (env_id, names[method], best[method]) else r for r in table]
+                rows.append((env_id, names[method], m, len(seeds), *cells, note))
+            if areas:
+                best[method] = max(areas, key=areas.get)
+            table += [(*r[:6], "best") if r[2] == best.get(method) else r for r in rows]
             color = COLORS[method]
             for i, key in enumerate(("area", "final")):
                 if xs:
