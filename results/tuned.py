@@ -15,7 +15,8 @@ at the preset's rate (results/runs, or results/step-control/preset for the runs 
 and standard PPO at the KL-matched multiple (results/step-control/runs). Every run skips when
 finished and resumes from its checkpoint.pt when not (iif_variants.py --resume); a finished run's
 checkpoint is deleted. A rate at which a run stops on a non-finite loss is a result: its message
-stays in <run>.err and the run is not retried. --envs and --seeds narrow the work.
+stays in <run>.err and the run is not retried. --envs and --seeds narrow the work (runners
+side by side take disjoint seeds; a new edge rate starts with seed 1).
 Runs: results/tuned/runs/<env>__<method>-lr<m>x__<seed>/.
 """
 import argparse
@@ -132,6 +133,9 @@ def stage_run(envs, seeds):
             new = {method: edge_rate(env_id, method) for method in METHODS}
             new = {method: m for method, m in new.items() if m is not None}
             if not new:
+                break
+            if 1 not in seeds:  # a runner given other seeds leaves seed 1 to the one that has it
+                print(f"{env_id}: a best rate at its grid's edge waits for a run with seed 1", flush=True)
                 break
             for method, m in new.items():  # seed 1 first marks the rate as part of the grid
                 print(f"{env_id}: {method}'s best rate is at its grid's edge; adding lr x {m:g}", flush=True)

@@ -43,3 +43,30 @@ def test_an_unfinished_or_diverged_rate(tmp_path, monkeypatch):
     assert tuned.grid("FrozenLake-v1", "none") == [1, 3, 10, 20]  # the added rate's seed 1 marks it
     assert tuned.state("FrozenLake-v1", "none", 20, 2) == "diverged"
     assert tuned.area("FrozenLake-v1", "none", 20) == float("-inf")
+
+
+@pytest.mark.parametrize("seeds, trained_edge", [([1, 2, 3], True), ([2, 3], False)])
+def test_only_a_runner_with_seed_1_adds_an_edge_rate(tmp_path, monkeypatch, seeds, trained_edge):
+    """Two runners side by side with disjoint seeds must not both train seed 1 of a new rate."""
+    monkeypatch.setattr(tuned, "RUNS", str(tmp_path))
+    monkeypatch.setattr(tuned.sc, "picked", lambda: {"FrozenLake-v1": 10})
+    monkeypatch.setattr(tuned, "link_committed", lambda env_id: None)
+    for method in tuned.METHODS:
+        for m, area in {1: .1, 3: .2, 10: .3}.items():
+            for seed in (1, 2, 3):
+                write(tmp_path, method, m, seed, area)
+    calls = []
+
+    def train(env_id, method, m, seed):  # every run of the grid is finished; a new one finishes at once
+        calls.append((method, m, seed))
+        if not os.path.exists(tmp_path / f"{env_id}__{tuned.label(method, m)}__{seed}"):
+            write(tmp_path, method, m, seed, .1)
+        return True
+    monkeypatch.setattr(tuned, "train", train)
+    tuned.stage_run(["FrozenLake-v1"], seeds)
+    new = sorted({c for c in calls if c[1] == 20})  # a finished run is passed again; train skips it
+    if trained_edge:  # seed 1 first, then the runner's other seeds; 20 x is then not best: done
+        assert new == [("influence", 20, 1), ("influence", 20, 2), ("influence", 20, 3),
+                       ("none", 20, 1), ("none", 20, 2), ("none", 20, 3)]
+    else:
+        assert new == []
