@@ -1,8 +1,8 @@
-"""A small offline verifiable-reward task for grpo_iif.py --reward-fn exact-answer: 2-digit addition.
+"""A small offline verifiable-reward task for grpo_variants.py --reward-fn exact-answer: 2-digit addition.
 
     python benchmarks/addition_toy_task.py --out results/addition_toy_task
     T=results/addition_toy_task
-    python grpo_iif.py --reward-fn exact-answer --model-name $T/policy --dataset $T/train.jsonl \
+    python grpo_variants.py --reward-fn exact-answer --model-name $T/policy --dataset $T/train.jsonl \
         --eval-dataset $T/test.jsonl --gen-tokens 4 ...      # the flags of results/grpo_filters.sh
 
 A prompt is "37+48=", its answer "85"; the reward is 1 when the completion's last number is the sum

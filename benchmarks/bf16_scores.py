@@ -113,7 +113,7 @@ def grpo_rows(task, rounds, buffers, tmp):
             b = t64._generate_and_score_completions([{"prompt": p} for p in t64.train_dataset["prompt"][8 * i:8 * i + 8]
                                                      for _ in range(8)])
             out.append(("grpo_iif.py", state, 64, *agreement(
-                grpo_iif.influence_activations(m64, b, b, a64), grpo_iif.influence_activations(m16, b, b, a16))))
+                grpo_iif.influence(m64, b, b, a64), grpo_iif.influence(m16, b, b, a16))))
     return out
 
 

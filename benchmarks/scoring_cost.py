@@ -79,12 +79,12 @@ def grpo_cases(task, two_passes):
         model.zero_grad()
     return "grpo_iif.py", args.forward_batch_size, unit, {
         "activations, one pass, beta 0 (one backward pass)":
-            lambda: grpo_iif.influence_activations(model, b, b, beta0),
+            lambda: grpo_iif.influence(model, b, b, beta0),
         "activations, one pass, beta 0.2 (two backward passes)":
-            lambda: grpo_iif.influence_activations(model, b, b, args),
+            lambda: grpo_iif.influence(model, b, b, args),
         "activations, two passes (validation target, or gradients too large to keep)":
-            lambda: two_passes(grpo_iif, lambda: grpo_iif.influence_activations(model, b, b, args)),
-        "forward mode (--no-lora's way; here on the LoRA weights)": lambda: grpo_iif.influence(model, b, b, args)}
+            lambda: two_passes(grpo_iif, lambda: grpo_iif.influence(model, b, b, args)),
+        "forward mode (--no-lora's way; here on the LoRA weights)": lambda: grpo_iif.influence_forward_mode(model, b, b, args)}
 
 
 def without_room_for_gradients(module, fn):

@@ -27,11 +27,12 @@ from analysis import fmt_ci, load_runs, plt, smooth  # noqa: E402
 TASKS = [("grpo-filters-add", "2-digit addition, reward 1 or 0 (exact checker)", "eval_accuracy",
           "test accuracy"),
          ("grpo-filters-detox", "detox, classifier's reward", "eval_toxicity", "test toxicity")]
-LABELS = ["none", "influence", "random", "zero-variance", "max-variance", "abs-advantage"]
+LABELS = ["none", "influence", "random", "zero-variance", "max-variance", "abs-advantage", "i-ppo"]
 NAMES = {"none": "plain GRPO", "influence": "IIF", "random": "random", "zero-variance": "zero-variance (DAPO)",
-         "max-variance": "max-variance (PODS)", "abs-advantage": "abs-advantage (CPPO)"}
+         "max-variance": "max-variance (PODS)", "abs-advantage": "abs-advantage (CPPO)",
+         "i-ppo": "I-PPO (validation target)"}
 COLORS = {"none": "tab:blue", "influence": "tab:red", "random": "tab:gray", "zero-variance": "tab:green",
-          "max-variance": "tab:purple", "abs-advantage": "tab:orange"}
+          "max-variance": "tab:purple", "abs-advantage": "tab:orange", "i-ppo": "tab:brown"}
 TIMES = ("t_generate", "t_forward", "t_influence", "t_optim")
 W = 5  # generation batches in the trailing mean of the reward
 
@@ -85,14 +86,47 @@ def table(prefix, title, metric, metric_name, runs):
               f"| {f or fmt_ci(adjusted, 1, '.2f')} "
               f"| {fmt_ci(col['per_batch'], 1, '.3f')} |")
     print("\nSeconds per generation batch, mean over batches and seeds (the machine's load changed while the "
-          "runs ran one after another, so compare the columns within a row more than across rows):\n")
-    print("| method | generation | forward | influence or filter | update | total |")
-    print("|---|---|---|---|---|---|")
+          "runs ran one after another, so compare the columns within a row more than across rows); the scoring's "
+          "(or filter's) cost against the update: per seed, its mean time per batch over the run's own update "
+          "time, and over plain GRPO's update time of the same seed scaled by the two runs' generation and "
+          "forward time (load-adjusted):\n")
+    print("| method | generation | forward | influence or filter | update | total | scoring / own update "
+          "| scoring / plain GRPO's update, load-adjusted |")
+    print("|---|---|---|---|---|---|---|---|")
     for lb in labels:
         rows = [r for s in done[lb] for r in runs[lb][s]]
         t = [np.mean([r[k] for r in rows]) for k in TIMES]
-        print(f"| {NAMES[lb]} | " + " | ".join(f"{x:.3f}" for x in t) + f" | {sum(t):.3f} |")
+        mean = {s: {k: np.mean([r[k] for r in runs[lb][s]]) for k in TIMES} for s in done[lb]}
+        plain = {s: {k: np.mean([r[k] for r in runs["none"][s]]) for k in TIMES} for s in done[lb]}
+        own = [m["t_influence"] / m["t_optim"] for m in mean.values()]
+        vs_plain = [mean[s]["t_influence"] / (plain[s]["t_optim"] * stats[lb][s]["base"] / stats["none"][s]["base"])
+                    for s in done[lb]]
+        print(f"| {NAMES[lb]} | " + " | ".join(f"{x:.3f}" for x in t) + f" | {sum(t):.3f} | "
+              f"{fmt_ci(own, 1, '.2f')} | {fmt_ci(vs_plain, 1, '.2f')} |")
+    if "i-ppo" in labels:
+        early_stop(runs, done, metric, metric_name)
     return labels
+
+
+def early_stop(runs, done, metric, metric_name):
+    """I-PPO's "intrinsic early stop": the generation batches on which it keeps no completion, against
+    plain GRPO's peak (the batch where its trailing mean of the training reward is highest, and the
+    evaluation where its test metric is best) of the same seed"""
+    print(f"\nI-PPO's early stop (kept 0 of a generation batch), per seed; plain GRPO's peak: the batch ending its "
+          f"best trailing mean of {W} training rewards, and its best {metric_name}:\n")
+    print("| seed | batches kept 0 | first such batch | plain GRPO's reward peak | plain GRPO's best test | "
+          "I-PPO kept, first 10 batches | last 10 |")
+    print("|---|---|---|---|---|---|---|")
+    lower_is_better = metric == "eval_toxicity"
+    for s in done["i-ppo"]:
+        rows, plain = runs["i-ppo"][s], runs["none"][s]
+        zero = [int(r["round"]) for r in rows if r["n_kept"] == 0]
+        peak = int(np.argmax(smooth([r["reward_mean"] for r in plain], W))) + W - 1
+        tests = [(r[metric], r["round"]) for r in plain if not np.isnan(r[metric])]
+        best = int((min if lower_is_better else max)(tests)[1])
+        kept = [r["n_kept"] / r["completions"] for r in rows]
+        print(f"| {s} | {len(zero)} | {zero[0] if zero else '-'} | {peak} | {best} | {np.mean(kept[:10]):.2f} "
+              f"| {np.mean(kept[-10:]):.2f} |")
 
 
 def draw(axes, runs, labels, metric, metric_name, title):

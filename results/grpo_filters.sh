@@ -7,7 +7,9 @@
 #          batches of 64, test accuracy on 400 held-out problems every 10 batches and after the last, into
 #          results/runs/grpo-filters-add__<label>__<seed>/.
 # Labels: none (plain GRPO), influence (IIF), random (as many completions as IIF drops, at random),
-# zero-variance (DAPO's dynamic sampling, no regeneration), max-variance (PODS), abs-advantage (CPPO).
+# zero-variance (DAPO's dynamic sampling, no regeneration), max-variance (PODS), abs-advantage (CPPO), i-ppo
+# (I-PPO: influence on a validation target, f_seq on fresh completions of 8 held-out prompts, every completion
+# with influence <= 0 dropped).
 # Matched kept fractions: max-variance and abs-advantage keep round(F x 8) completions of each group, where F is
 # IIF's mean kept fraction on that task (over its runs of the given seeds), so every seed's influence run comes
 # first, then those two (KEEP=F sets F by hand). random drops as many as IIF would in each generation batch;
@@ -21,13 +23,15 @@ seeds=${1:-"1 2 3 4 5"}; tasks=${2:-"add detox"}
 common=(--num-generations 8 --batch-size 64 --mini-batch-size 16 --validation-size 8 --use-cpu --threads 1
         --logging-steps 1000 --runs-dir results/runs)
 
-run() {  # run <prefix> <batches> <label> <seed> <grpo_iif.py flags...>
+run() {  # run <prefix> <batches> <label> <seed> <grpo_variants.py flags...>
   local prefix=$1 batches=$2 label=$3 seed=$4; shift 4
   local name=${prefix}__${label}__${seed} dir=results/runs/${prefix}__${label}__${seed}
   if [ -f $dir/metrics.csv ] && [ $(($(wc -l < $dir/metrics.csv) - 1)) -ge $batches ]; then return; fi
   rm -rf $dir
   echo "$(date +%T) $name"
-  python grpo_iif.py "${common[@]}" "$@" --filter-method $label --seed $seed --run-name $name \
+  case $label in i-ppo) method=(--filter-method influence --target-data validation) ;;
+                 *) method=(--filter-method $label) ;; esac
+  python grpo_variants.py "${common[@]}" "$@" "${method[@]}" --seed $seed --run-name $name \
     > results/runs/$name.log 2>&1 || { echo "$name failed: see results/runs/$name.log"; exit 1; }
 }
 
@@ -54,7 +58,7 @@ for task in $tasks; do
                   --learning-rate 1e-3 --beta 0.04 --max-steps 400) ;;
     *) echo "unknown task $task (add, detox)"; exit 1 ;;
   esac
-  for seed in $seeds; do for label in none influence random zero-variance; do
+  for seed in $seeds; do for label in none influence random zero-variance i-ppo; do
     run $prefix $batches $label $seed "${flags[@]}"
   done; done
   keep=${KEEP:-$(keep_fraction $prefix)}

@@ -3,7 +3,8 @@
 # minutes; shared with results/rlhf_toy.sh), then runs grpo_iif.py, 60 generation batches of 64 completions
 # (8 prompts x 8) per seed, with the test toxicity after each, into results/runs/grpo-toy__<label>__<seed>/.
 # Labels: none (plain GRPO), influence (GRPO + IIF, f_seq on the generation batch), random (as many
-# completions dropped at random), validation (IIF with f_seq on held-out prompts' completions, as I-PPO).
+# completions dropped at random), validation (IIF with f_seq on held-out prompts' completions, as I-PPO;
+# grpo_variants.py).
 # ITERS=4 makes 4 passes over each generation batch (TRL's num_iterations, GRPO's mu; 16 optimizer steps a
 # generation batch) into results/runs/grpo-toy-mu4__<label>__<seed>/.
 # CLOCK=1 repeats the runs without test evaluation, the labels of one seed side by side (one process each,
@@ -28,14 +29,15 @@ flags=(--model-name $task/policy --reward-model $task/reward --dataset $task/pro
        --eval-dataset $task/wiki_toxic.jsonl --eval-reward-model $task/eval_reward --eval-samples 200
        --eval-every $every
        --num-generations 8 --batch-size 64 --mini-batch-size 16 --learning-rate 3e-4 --beta 0.2
-       --num-iterations $iters --max-steps $steps --validation-size 8 --use-cpu --threads 1
+       --num-iterations $iters --max-steps $steps --use-cpu --threads 1
        --logging-steps 100)
 for seed in $seeds; do for label in $labels; do
-  case $label in validation) method=(--filter-method influence --target-data validation) ;;
-                 *) method=(--filter-method $label) ;; esac
+  case $label in validation) method=(--filter-method influence --target-data validation --validation-size 8)
+                            script=grpo_variants.py ;;
+                 *) method=(--filter-method $label); script=grpo_iif.py ;; esac
   name=${prefix}__${label}__${seed}; dir=results/runs/$name
   if [ -f $dir/metrics.csv ] && [ $(($(wc -l < $dir/metrics.csv) - 1)) -ge $batches ]; then continue; fi
   rm -rf $dir
-  python grpo_iif.py "${flags[@]}" "${method[@]}" --seed $seed --runs-dir results/runs --run-name $name &
+  python $script "${flags[@]}" "${method[@]}" --seed $seed --runs-dir results/runs --run-name $name &
   [ "$clock" = 1 ] || wait $!
 done; wait; done

@@ -1,5 +1,5 @@
 """Run by tests/test_grpo_sharded.py under accelerate launch or torch.distributed.run (2 CPU processes):
-grpo_iif.main in float64, with LoRA weights set from a fixed seed and the first generation batch replaced by
+grpo_variants.main (grpo_iif.py with TRL's checkpoints) in float64, with LoRA weights set from a fixed seed and the first generation batch replaced by
 the one in $CHECK_DIR/batch.pt (each process takes its half). Saves what the test compares with one process:
 each process's influence scores and the function that computed them, the kept mask, and the first step's
 gradient before clipping."""
@@ -13,6 +13,7 @@ from trl import GRPOTrainer
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import grpo_iif  # noqa: E402
+import grpo_variants  # noqa: E402
 
 
 def set_lora_(model):
@@ -55,8 +56,8 @@ def main():
     rank = int(os.environ["RANK"])
 
     @patch(grpo_iif, "make_trainer")
-    def make_trainer(inner, args, dtype):
-        trainer = inner(args, dtype)
+    def make_trainer(inner, *a, **kw):
+        trainer = inner(*a, **kw)
         set_lora_(trainer.model)
         return trainer
 
@@ -68,7 +69,7 @@ def main():
         n = len(saved["batch"]["advantages"]) // self.accelerator.num_processes
         return grpo_iif.take_rows(saved["batch"], torch.arange(rank * n, (rank + 1) * n))
 
-    for name in ("influence", "influence_activations"):
+    for name in ("influence", "influence_forward_mode"):
         @patch(grpo_iif, name)
         def score_and_save(inner, model, b, t, args, name=name, **kw):
             scores = inner(model, b, t, args, **kw)
@@ -95,7 +96,7 @@ def main():
                 torch.save(grads, os.path.join(out, "grads.pt"))
         return inner(self, model)
 
-    trainer = grpo_iif.main(grpo_iif.resolve_args(tyro.cli(grpo_iif.Args)), dtype=torch.float64)
+    trainer = grpo_variants.main(grpo_variants.resolve_args(tyro.cli(grpo_variants.Args)), dtype=torch.float64)
     acc = trainer.accelerator
     with open(os.path.join(out, f"done_{rank}"), "w") as f:
         f.write(f"{acc.distributed_type.value} {acc.num_processes}")

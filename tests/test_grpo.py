@@ -2,11 +2,8 @@
 import csv
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -23,11 +20,11 @@ def flags(toy, *extra):
             "--dataset", str(toy / "prompts.jsonl"), "--eval-dataset", str(toy / "wiki_toxic.jsonl"),
             "--eval-reward-model", str(toy / "eval_reward"), "--eval-samples", "4", "--num-generations", "2",
             "--batch-size", "8", "--mini-batch-size", "8", "--gen-tokens", "6", "--forward-batch-size", "3",
-            "--validation-size", "2", "--threads", "1", "--use-cpu", "--max-steps", "2", *extra]
+            "--threads", "1", "--use-cpu", "--max-steps", "2", *extra]
 
 
-def parse(toy, tmp_path, *extra, name="r"):
-    return grpo_iif.resolve_args(tyro.cli(grpo_iif.Args, args=flags(
+def parse(toy, tmp_path, *extra, name="r", script=grpo_iif):
+    return script.resolve_args(tyro.cli(script.Args, args=flags(
         toy, "--runs-dir", str(tmp_path), "--run-name", name, *extra)))
 
 
@@ -46,10 +43,10 @@ def runs(toy, tmp_path_factory):
     return out
 
 
-def trainer_and_batch(toy, tmp_path, *extra, seed=0, prompts=4):
+def trainer_and_batch(toy, tmp_path, *extra, seed=0, prompts=4, script=grpo_iif):
     """A float64 trainer and one generation batch (4 prompts x 2 completions) of the training prompts"""
-    args = parse(toy, tmp_path, *extra)
-    trainer = grpo_iif.make_trainer(args, dtype=torch.float64)
+    args = parse(toy, tmp_path, *extra, script=script)
+    trainer = script.make_trainer(args, dtype=torch.float64)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, read by TRL's loss
     prompts = trainer.train_dataset["prompt"][:prompts]
@@ -124,7 +121,7 @@ def test_influence_matches_per_completion_autograd(toy, tmp_path, extra):
     # log-probs are float32 even for a float64 model)
     assert torch.allclose(grpo_iif.completion_losses(model, b, torch.arange(8), args).sum(),
                           trainer._compute_loss(model, b), rtol=1e-5, atol=1e-6)
-    scores = grpo_iif.influence(model, b, b, args)
+    scores = grpo_iif.influence_forward_mode(model, b, b, args)
 
     f = sum(grpo_iif.target(model, b, idx, args) for idx in grpo_iif.batches(8, 3))
     g_f = torch.autograd.grad(f, params)
@@ -140,18 +137,9 @@ def test_influence_matches_per_completion_autograd(toy, tmp_path, extra):
     if "--no-lora" in extra:  # embeddings and norms train too: no activation form
         assert grpo_iif.trained_linears(model) is None
     else:  # the activation form, which sharded parameters use, gives the same scores
-        sharded = grpo_iif.influence_activations(model, b, b, args)
+        sharded = grpo_iif.influence(model, b, b, args)
         print(f"max |activation form - autograd| = {(sharded - brute).abs().max().item():.2e}")
         assert torch.allclose(sharded, brute, rtol=1e-9, atol=1e-14), (sharded, brute)
-
-
-def test_validation_target_scores_the_batch_against_held_out_completions(toy, tmp_path):
-    args, trainer, b = trainer_and_batch(toy, tmp_path, "--filter-method", "none", "--target-data", "validation")
-    logs = len(trainer._logs["completion"])
-    t = trainer.validation_batch()
-    assert len(t["advantages"]) == 4 and len(trainer._logs["completion"]) == logs  # 2 prompts x 2; out of the logs
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    assert not torch.allclose(grpo_iif.influence(model, b, t, args), grpo_iif.influence(model, b, b, args))
 
 
 @pytest.mark.parametrize("mini_batch", ["8", "2"])
@@ -164,7 +152,7 @@ def test_filter_takes_the_dropped_completions_out(toy, tmp_path, mini_batch):
     torch.manual_seed(0)  # the same completions as b0, now filtered
     b = trainer._generate_and_score_completions([{"prompt": p} for p in trainer.train_dataset["prompt"][:4]
                                                  for _ in range(2)])
-    kept = grpo_iif.influence(model, b0, b0, args) > 0
+    kept = grpo_iif.influence_forward_mode(model, b0, b0, args) > 0
     k, n_micro = int(kept.sum()), trainer.args.steps_per_generation
     assert 0 < k < 8 and n_micro == 8 // int(mini_batch)
     assert len(b["advantages"]) == -(-k // n_micro) * n_micro  # k rounded up to whole micro-batches
@@ -198,19 +186,13 @@ def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy, capsys):
     for extra, needle in [(("--filter-p", "1.5"), "--filter-p"), (("--batch-size", "7"), "--batch-size"),
                           (("--num-generations", "1"), "--num-generations"), (("--max-steps", "0"), "--max-steps"),
                           (("--mini-batch-size", "3"), "--mini-batch-size"),
-                          (("--validation-size", "500", "--target-data", "validation"), "--validation-size"),
+                          (("--mini-batch-size", "2", "--gradient-accumulation-steps", "3"),
+                           "--gradient-accumulation-steps"),
                           (("--reward-label", "toxic"), "'nothate'"), (("--eval-every", "-1"), "--eval-every"),
                           (("--eval-samples", "0"), "--eval-samples"),
                           (("--eval-toxic-label", "toxic"), "'offensive'"),
                           (("--lora-target-modules", "no_such_module"), "--lora-target-modules"),
-                          (("--report-to", "no_such_tracker"), "--report-to"),
-                          (("--save-steps", "3", "--mini-batch-size", "4"), "--save-steps"),
-                          (("--resume-from-checkpoint", "last"), "no checkpoint-* folder"),
-                          (("--filter-method", "max-variance"), "--keep-fraction"),
-                          (("--keep-fraction", "0.5"), "--keep-fraction"),
-                          (("--filter-method", "abs-advantage", "--keep-fraction", "0"), "--keep-fraction"),
-                          (("--filter-method", "zero-variance", "--filter-p", "0.5"), "--filter-p"),
-                          (("--chat",), "--chat")]:
+                          (("--report-to", "no_such_tracker"), "--report-to")]:
         with pytest.raises(SystemExit) as e:
             grpo_iif.main(parse(toy, tmp_path, *extra))
         assert needle in str(e.value), (extra, e.value)
@@ -248,143 +230,42 @@ def test_unloadable_model_exits_without_a_traceback(tmp_path, toy):
 
 def test_docs_links_point_at_what_they_name():
     import re
-    lines = open(os.path.join(ROOT, "grpo_iif.py")).read().splitlines()
-    for doc in ("docs/grpo.md", "README_grpo_snippet.md"):
-        path = os.path.join(ROOT, doc)
-        if not os.path.exists(path):
-            continue
-        links = re.findall(r"\[`([^`]+)`\]\((?:\.\./)?grpo_iif\.py#L(\d+)\)", open(path).read())
-        assert len(links) >= 5, doc
+    text = open(os.path.join(ROOT, "docs", "grpo.md")).read()
+    for script, at_least in (("grpo_iif", 10), ("grpo_variants", 4)):
+        lines = open(os.path.join(ROOT, f"{script}.py")).read().splitlines()
+        links = re.findall(rf"\[`([^`]+)`\]\((?:\.\./)?{script}\.py#L(\d+)\)", text)
+        assert len(links) >= at_least, script
         for name, line in links:  # the line that defines it: its def or class, or a "# Stage I (" comment
-            defines = re.compile(rf"^\s*((def|class) {re.escape(name)}\(|# {re.escape(name)} \()")
-            assert defines.match(lines[int(line) - 1]), f"{doc} links `{name}` to line {line}: {lines[int(line) - 1]!r}"
+            defines = re.compile(rf"^\s*((def|class) {re.escape(name.split('.')[-1])}\(|# {re.escape(name)} \()")
+            assert defines.match(lines[int(line) - 1]), f"{script}.py: `{name}` linked to line {line}: " \
+                                                         f"{lines[int(line) - 1]!r}"
 
 
-def test_killed_run_resumes_from_its_last_checkpoint(toy, tmp_path):
-    """A run killed (SIGKILL) after its checkpoint at step 4 continues from it with --resume-from-checkpoint last:
-    metrics.csv keeps the generation batches that the checkpoint holds, and the run goes on as one never killed"""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-
-    def cmd(name, steps, *extra):  # random filtering: its generator's state must come back too
-        return [sys.executable, os.path.join(ROOT, "grpo_iif.py"), *flags(toy, "--runs-dir", str(tmp_path)),
-                "--run-name", name, "--max-steps", str(steps), "--filter-method", "random", "--eval-every", "0",
-                "--save-steps", "4", *extra]
-    subprocess.run(cmd("whole", 6), env=env, check=True, capture_output=True, timeout=300)
-    run = tmp_path / "killed"
-    proc = subprocess.Popen(cmd("killed", 100), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:  # one generation batch a step: kill it once the 6th has begun, before its next checkpoint (step 8)
-        while not ((run / "metrics.csv").exists() and len(read_rows(run)) >= 5):
-            assert proc.poll() is None, "the run ended first"
-            time.sleep(0.01)
-    finally:
-        proc.kill()
-    assert proc.wait() == -signal.SIGKILL
-    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-4"]
-    out = subprocess.run(cmd("killed", 6, "--resume-from-checkpoint", "last"), env=env, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "after 4 generation batches" in out.stdout
-    resumed, whole = read_rows(run), read_rows(tmp_path / "whole")
-    assert [r["round"] for r in resumed] == [r["step"] for r in resumed] == [str(i) for i in range(6)]
-    for key in ("reward_mean", "n_kept"):
-        assert [r[key] for r in resumed] == [r[key] for r in whole], key
-    assert (run / "policy" / "adapter_config.json").exists()
-
-
-def test_tracking_and_checkpoint_flags_reach_trl(toy, tmp_path):
-    args = parse(toy, tmp_path, "--save-steps", "2", "--output-dir", str(tmp_path / "out"))
+def test_tracking_flags_reach_trl(toy, tmp_path):
+    args = parse(toy, tmp_path)
     args.report_to = "wandb,tensorboard"  # not installed here, so resolve_args would refuse them
     config = grpo_iif.make_config(args)
     assert config.report_to == ["wandb", "tensorboard"] and config.run_name == "r"
-    assert config.save_strategy == "steps" and config.save_steps == 2 and config.output_dir == str(tmp_path / "out")
     config = grpo_iif.make_config(parse(toy, tmp_path))
     assert config.report_to == [] and config.save_strategy == "no" and config.output_dir == str(tmp_path / "r")
 
 
-# ---- The cheap filters (DAPO, PODS, CPPO) and the verifiable task (--reward-fn exact-answer) ----
-def test_zero_variance_drops_the_groups_whose_rewards_are_all_equal():
-    rewards = torch.tensor([1., 1., 1., 1., 0., 1., 0., 0., .5, .5, .5, .5])
-    assert grpo_iif.zero_variance(rewards, 4).tolist() == [False] * 4 + [True] * 4 + [False] * 4
-
-
-def test_max_variance_keeps_the_subset_of_largest_variance():
-    # m = 3 of {0, 1, 2, 3, 10}: {0, 1, 10} (variance 20.2) beats {0, 3, 10} (17.6) and {2, 3, 10}
-    assert grpo_iif.max_variance(torch.tensor([2., 10., 0., 3., 1.]), 5, 3).tolist() == [False, True, True, False,
-                                                                                      True]
-    # binary rewards: as many right as wrong where the group allows it
-    kept = grpo_iif.max_variance(torch.tensor([1., 1., 1., 1., 1., 1., 0., 0., 1., 0., 0., 0., 0., 0., 0., 0.]), 8, 4)
-    assert kept.view(2, 8).sum(1).tolist() == [4, 4] and kept[6] and kept[7] and kept[8]
-    # the top-i / bottom-(m - i) candidates reach the largest variance over all subsets of m
-    import itertools
-    gen = torch.Generator().manual_seed(0)
-    rewards = torch.randn(6 * 8, generator=gen).double()
-    rewards[:16] = rewards[:16].round()  # groups with ties, too
-    for m in (2, 3, 4, 5):
-        kept = grpo_iif.max_variance(rewards, 8, m).view(6, 8)
-        for g, r in enumerate(rewards.view(6, 8)):
-            best = max(r[list(c)].var(unbiased=False) for c in itertools.combinations(range(8), m))
-            assert kept[g].sum() == m and torch.isclose(r[kept[g]].var(unbiased=False), best, rtol=0, atol=1e-12)
-
-
-def test_abs_advantage_drops_the_smallest_absolute_advantages_of_each_group():
-    advantages = torch.tensor([.1, -2., .5, 1.5, 0., 0., 0., 0.])
-    assert grpo_iif.abs_advantage(advantages, 4, 2).tolist() == [False, True, False, True, True, True, False, False]
-
-
-def test_exact_answer_checks_the_last_number():
-    assert grpo_iif.exact_answer(None, ["85", "85 12+3", "8", "", "so 1,234.", "x"],
-                                 ["85", "85", "85", "85", "step... #### 1,234", "0"]) == [1., 0., 0., 0., 1., 0.]
-    assert grpo_iif.exact_answer(None, [[{"role": "assistant", "content": "It is 7"}]], ["7"]) == [1.]  # chat
-
-
-@pytest.mark.parametrize("method", ["max-variance", "abs-advantage"])
-def test_cheap_filters_take_their_completions_out_through_the_hook(toy, tmp_path, method):
-    args, trainer, b0 = trainer_and_batch(toy, tmp_path, "--filter-method", "none")
-    rewards = trainer.rewards[:, 0].clone()
-    trainer.iif_args.filter_method, trainer.iif_args.keep_fraction = method, 0.5  # m = 1 of each group of 2
-    torch.manual_seed(0)  # the same completions as b0, now filtered
-    b = trainer._generate_and_score_completions([{"prompt": p} for p in trainer.train_dataset["prompt"][:4]
-                                                 for _ in range(2)])
-    kept = (grpo_iif.max_variance(rewards, 2, 1) if method == "max-variance"
-            else grpo_iif.abs_advantage(b0["advantages"], 2, 1))
-    assert int(kept.sum()) == 4 and len(b["advantages"]) == 4  # one micro-batch a generation batch: no padding
-    assert torch.equal(b["completion_ids"], b0["completion_ids"][kept])
-    assert b["num_items_in_batch"] == b0["completion_mask"][kept].sum()
-
-
-@pytest.mark.parametrize("chat", [False, True])
-def test_exact_answer_task_end_to_end(toy, tmp_path, chat):
-    """--reward-fn exact-answer on addition rows, with an untrained policy: every answer is wrong, so
-    every group's rewards are all 0, zero-variance drops every completion, and the test accuracy is 0.
-    With --chat the questions are user messages in the tokenizer's chat template."""
-    from transformers import AutoTokenizer
-    from benchmarks.addition_toy_task import pairs, write_rows
-    train, test = pairs(0, 20)
-    write_rows(tmp_path / "train.jsonl", train[:60])
-    write_rows(tmp_path / "test.jsonl", test)
-    args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "add", "--reward-fn", "exact-answer",
-                 "--filter-method", "zero-variance", "--gen-tokens", "4", *["--chat"] * chat)
-    args[args.index("--dataset") + 1] = str(tmp_path / "train.jsonl")
-    args[args.index("--eval-dataset") + 1] = str(tmp_path / "test.jsonl")
-    if chat:  # the toy policy with a chat template
-        shutil.copytree(toy / "policy", tmp_path / "policy")
-        tok = AutoTokenizer.from_pretrained(tmp_path / "policy")
-        tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
-        tok.save_pretrained(tmp_path / "policy")
-        args[args.index("--model-name") + 1] = str(tmp_path / "policy")
-    trainer = grpo_iif.main(grpo_iif.resolve_args(tyro.cli(grpo_iif.Args, args=args)))
-    row = trainer.train_dataset[0]
-    question = row["prompt"][0]["content"] if chat else row["prompt"]
-    assert question.endswith("=") and row["answer"].isdigit()
-    assert row["prompt"] == ([{"role": "user", "content": question}] if chat else question)
-    question = f"{test[0][0]}+{test[0][1]}="  # the first test question, as the policy sees it
-    assert trainer.processing_class.decode(trainer.evaluation[1][0]) == (
-        f"<user>{question}<assistant>" if chat else question)
-    rows = read_rows(tmp_path / "add")
-    assert len(rows) == 2 and list(rows[0]) == grpo_iif.METRICS
-    for r in rows:
-        assert float(r["reward_mean"]) == 0 and int(r["n_kept"]) == 0 and r["n_negative"] == ""
-        assert float(r["eval_accuracy"]) == 0 and r["eval_toxicity"] == ""
+def test_trl_private_members_it_overrides_are_as_pinned(toy, tmp_path):
+    """IIFGRPOTrainer overrides three private methods of TRL's GRPOTrainer and reads its generation batch's
+    fields and its _metrics: a TRL release that renames or reshapes any of them fails here, by name"""
+    import inspect
+    import trl
+    pinned = {"_generate_and_score_completions": ["self", "inputs"], "_generate": ["self", "prompts"],
+              "_calculate_rewards": ["self", "inputs", "prompts", "completions", "completion_ids_list"]}
+    for name, params in pinned.items():
+        assert list(inspect.signature(getattr(trl.GRPOTrainer, name)).parameters) == params, \
+            f"TRL {trl.__version__} changed GRPOTrainer.{name}: grpo_iif.IIFGRPOTrainer overrides it"
+    args, trainer, b = trainer_and_batch(toy, tmp_path, "--filter-method", "none")
+    fields = {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages", "num_items_in_batch",
+              "ref_per_token_logps"}
+    assert fields <= set(b), f"TRL {trl.__version__}'s generation batch lacks {fields - set(b)}"
+    assert trainer.rewards.shape == (8, 1) and isinstance(trainer._metrics["train"], dict)
+    assert trainer.args.steps_per_generation == 1 and trainer.num_iterations == 1
 
 
 @pytest.mark.parametrize("extra", [("--beta", "0"), ()])
@@ -395,12 +276,12 @@ def test_activation_passes_agree_with_forward_mode(toy, tmp_path, monkeypatch, e
     args, trainer, b = trainer_and_batch(toy, tmp_path, "--filter-method", "none", *extra)
     model = trainer.accelerator.unwrap_model(trainer.model)
     assert "old_per_token_logps" not in b  # one optimizer step a generation batch: the ratio is exactly 1
-    forward_mode = grpo_iif.influence(model, b, b, args)
+    forward_mode = grpo_iif.influence_forward_mode(model, b, b, args)
     assert (forward_mode.abs() > 1e-10).all()
-    one_pass, validation = grpo_iif.influence_activations(model, b, b, args), grpo_iif.influence_activations(
+    one_pass, validation = grpo_iif.influence(model, b, b, args), grpo_iif.influence(
         model, b, dict(b), args)
     monkeypatch.setattr(grpo_iif, "memory_for_grads", lambda device: 0)
-    for scores in (one_pass, validation, grpo_iif.influence_activations(model, b, b, args)):
+    for scores in (one_pass, validation, grpo_iif.influence(model, b, b, args)):
         assert torch.allclose(scores, forward_mode, rtol=1e-9, atol=1e-14), (scores, forward_mode)
 
 
@@ -417,7 +298,7 @@ def test_bfloat16_scores_track_float64(toy, tmp_path):
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.add_(0.02 * torch.randn(p.shape, generator=gen, dtype=p.dtype))
-    s64 = grpo_iif.influence_activations(model, b, b, args)
+    s64 = grpo_iif.influence(model, b, b, args)
     args16 = parse(toy, tmp_path, "--filter-method", "none", "--batch-size", "32", "--mini-batch-size", "32",
                    "--dtype", "bfloat16")
     trainer16 = grpo_iif.make_trainer(args16)
@@ -430,7 +311,7 @@ def test_bfloat16_scores_track_float64(toy, tmp_path):
             if p.requires_grad:
                 assert p.dtype == torch.float32
                 p.copy_(trained[n])
-    s16 = grpo_iif.influence_activations(model16, b, b, args16)
+    s16 = grpo_iif.influence(model16, b, b, args16)
     assert s16.dtype == torch.float32
     rho = scipy.stats.spearmanr(s64.numpy(), s16.double().numpy()).statistic
     same_fate = ((s64 > 0) == (s16 > 0)).double().mean()
@@ -446,11 +327,13 @@ def test_bfloat16_run_and_the_cpu_default(toy, tmp_path):
     assert trainer.args.bf16 and len(rows) == 2 and all(0 < int(r["n_kept"]) <= 8 for r in rows)
 
 
-def test_cheap_filters_keep_their_input_device():
-    """The masks are made where their input is (a GPU's tensors stay there); the meta device stands in here"""
-    advantages = torch.tensor([.1, -2., .5, 1.5, 0., 0., 0., 0.], device="meta")
-    assert grpo_iif.abs_advantage(advantages, 4, 2).device.type == "meta"
-    assert grpo_iif.zero_variance(advantages, 4).device.type == "meta"
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_bfloat16_without_use_cpu_runs_on_a_machine_without_cuda(toy, tmp_path):
+    """--dtype bfloat16 without --use-cpu: TRL's config is told to use the CPU, which it accepts in bf16"""
+    args = grpo_iif.resolve_args(tyro.cli(grpo_iif.Args, args=[
+        a for a in flags(toy, "--runs-dir", str(tmp_path), "--run-name", "r", "--dtype", "bfloat16") if a != "--use-cpu"]))
+    trainer = grpo_iif.main(args)
+    assert trainer.args.bf16 and trainer.accelerator.device.type == "cpu" and len(read_rows(tmp_path / "r")) == 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -466,5 +349,7 @@ def test_cuda_smoke(toy, tmp_path, method):
     x = torch.tensor([0.5, -1.0, 0.0, -2.0], device="cuda")
     gen = torch.Generator().manual_seed(0)
     assert grpo_iif.filter_records(x, method, None, gen).device.type == "cuda"
-    for kept in (grpo_iif.abs_advantage(x, 2, 1), grpo_iif.max_variance(x, 2, 1), grpo_iif.zero_variance(x, 2)):
+    import grpo_variants
+    for kept in (grpo_variants.abs_advantage(x, 2, 1), grpo_variants.max_variance(x, 2, 1),
+                 grpo_variants.zero_variance(x, 2)):
         assert kept.device.type == "cuda"

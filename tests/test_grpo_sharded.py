@@ -1,4 +1,4 @@
-"""grpo_iif.py on 2 CPU processes (gloo): FSDP2 through accelerate launch and configs/fsdp2.yaml, DDP through
+"""grpo_iif.py (through grpo_variants.py, for TRL's checkpoints) on 2 CPU processes (gloo): FSDP2 through accelerate launch and configs/fsdp2.yaml, DDP through
 torch.distributed.run. Its influence scores, kept set and first gradient step equal one process's (float64)."""
 import os
 import socket
@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import grpo_iif
+import grpo_variants
 from sharded_check import set_lora_
 from test_grpo import ROOT, flags, parse, read_rows
 
@@ -30,16 +31,16 @@ def test_two_processes_score_filter_and_step_as_one(toy, tmp_path, launch, extra
     extra = ["--filter-method", "influence", *extra, "--save-steps", "1", "--eval-samples", "3",
              "--mini-batch-size", "4"]
     # one process: a generation batch (4 prompts x 2), its scores, kept set and the gradient on the kept ones
-    args = parse(toy, tmp_path, *extra[:-2], "--mini-batch-size", "8", name="one")  # 8 = 2 processes x 4
-    trainer = grpo_iif.make_trainer(args, dtype=torch.float64)
+    args = parse(toy, tmp_path, *extra[:-2], "--mini-batch-size", "8", name="one", script=grpo_variants)  # 2 x 4
+    trainer = grpo_variants.make_trainer(args, dtype=torch.float64)
     set_lora_(trainer.model)
     trainer.model.train()
     torch.manual_seed(0)
     prompts = [{"prompt": p} for p in trainer.train_dataset["prompt"][:4] for _ in range(2)]
-    b = super(type(trainer), trainer)._generate_and_score_completions(prompts)  # TRL's, unfiltered
+    b = super(grpo_iif.IIFGRPOTrainer, trainer)._generate_and_score_completions(prompts)  # TRL's, unfiltered
     torch.save({"batch": b, "rewards": trainer.rewards}, tmp_path / "batch.pt")
     model = trainer.accelerator.unwrap_model(trainer.model)
-    scores = grpo_iif.influence(model, b, b, args)
+    scores = grpo_iif.influence_forward_mode(model, b, b, args)
     kept = grpo_iif.filter_records(scores, "influence", None, None)
     assert 0 < kept.sum() < 8
     only_kept = grpo_iif.take_rows(b, kept.nonzero()[:, 0])
@@ -59,7 +60,7 @@ def test_two_processes_score_filter_and_step_as_one(toy, tmp_path, launch, extra
     assert [open(tmp_path / f"done_{r}").read() for r in (0, 1)] == [
         ("FSDP 2" if launch == "fsdp2" else "MULTI_CPU 2")] * 2
     two = [torch.load(tmp_path / f"scores_{r}.pt") for r in (0, 1)]
-    assert {s["by"] for s in two} == {"influence" if "--no-lora" in extra else "influence_activations"}
+    assert {s["by"] for s in two} == {"influence_forward_mode" if "--no-lora" in extra else "influence"}
     two_scores = torch.cat([s["scores"] for s in two])
     print(f"{launch}: max |2 processes - 1| = {(two_scores - scores).abs().max():.1e} "
           f"(scores up to {scores.abs().max():.1e})")

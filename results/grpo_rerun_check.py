@@ -1,0 +1,107 @@
+"""grpo_iif.py and grpo_variants.py against an earlier single-file grpo_iif.py (a git commit): the same
+flags on the tests' tiny task must give the same metrics.csv, every column but the t_* timings.
+
+    python results/grpo_rerun_check.py                 # against f3c7146, the file before the split
+    python results/grpo_rerun_check.py --commit HEAD~3
+
+Each configuration runs in a fresh process, once with the earlier file and once with today's pair,
+for 4 generation batches of 16 completions (4 prompts x 4) in 2 micro-batches, the test toxicity
+(or accuracy) after each. A column the earlier file wrote and today's does not must be empty there.
+"""
+import argparse
+import csv
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+CONFIGS = {  # name: (today's script, flags)
+    "influence": ("grpo_iif.py", ["--filter-method", "influence"]),
+    "random": ("grpo_iif.py", ["--filter-method", "random"]),
+    "none-beta0": ("grpo_iif.py", ["--filter-method", "none", "--beta", "0"]),
+    "max-variance": ("grpo_variants.py", ["--filter-method", "max-variance", "--keep-fraction", "0.5"]),
+    "i-ppo": ("grpo_variants.py", ["--filter-method", "influence", "--target-data", "validation",
+                                   "--validation-size", "2"]),
+    "exact-answer": ("grpo_variants.py", ["--reward-fn", "exact-answer", "--filter-method", "influence",
+                                          "--gen-tokens", "4"]),
+}
+
+
+def build_task(out):
+    """The tests' tiny task (tests/conftest.py), and 2-digit addition rows for exact-answer"""
+    import torch
+    from benchmarks.addition_toy_task import pairs, write_rows
+    from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_classifier, tiny_lm, write_data
+    torch.manual_seed(0)
+    tok = byte_tokenizer()
+    write_data(out, random.Random(0), n_prompts=60, n_eval=40)
+    for name, model in [("policy", tiny_lm(tok, "gpt2", width=32, heads=2)),
+                        ("reward", tiny_classifier(tok, ["nothate", "hate"], width=32, heads=2)),
+                        ("eval_reward", tiny_classifier(tok, ["not offensive", "offensive"], width=32, heads=2))]:
+        model.save_pretrained(os.path.join(out, name))
+        tok.save_pretrained(os.path.join(out, name))
+    train, test = pairs(0, 20)
+    write_rows(os.path.join(out, "add_train.jsonl"), train[:60])
+    write_rows(os.path.join(out, "add_test.jsonl"), test)
+
+
+def flags(task, runs, name, extra):
+    exact = "exact-answer" in extra
+    return ["--model-name", f"{task}/policy", "--reward-model", f"{task}/reward",
+            "--dataset", f"{task}/{'add_train.jsonl' if exact else 'prompts.jsonl'}",
+            "--eval-dataset", f"{task}/{'add_test.jsonl' if exact else 'wiki_toxic.jsonl'}",
+            "--eval-reward-model", f"{task}/eval_reward", "--eval-samples", "4", "--num-generations", "4",
+            "--batch-size", "16", "--mini-batch-size", "8", "--forward-batch-size", "6",
+            "--threads", "1", "--use-cpu", "--max-steps", "8", "--learning-rate", "3e-3",
+            "--runs-dir", runs, "--run-name", name, *(["--gen-tokens", "6"] if not exact else []), *extra]
+
+
+def rows(path):
+    with open(path) as f:
+        return [{k: v for k, v in r.items() if not k.startswith("t_")} for r in csv.DictReader(f)]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--commit", default="f3c7146", help="the earlier grpo_iif.py's commit")
+    ap.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    a = ap.parse_args()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONHASHSEED="0")
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        task, old = os.path.join(tmp, "task"), os.path.join(tmp, "old")
+        os.makedirs(old)
+        os.makedirs(task)
+        build_task(task)
+        with open(os.path.join(old, "grpo_iif.py"), "w") as f:
+            f.write(subprocess.run(["git", "show", f"{a.commit}:grpo_iif.py"], cwd=ROOT, check=True,
+                                   capture_output=True, text=True).stdout)
+        for name in a.configs:
+            script, extra = CONFIGS[name]
+            out = {}
+            for who, path in (("old", os.path.join(old, "grpo_iif.py")), ("new", os.path.join(ROOT, script))):
+                p = subprocess.run([sys.executable, path, *flags(task, tmp, f"{name}-{who}", extra)], cwd=ROOT,
+                                   env=env, capture_output=True, text=True)
+                if p.returncode:
+                    sys.exit(f"{who} {name} failed:\n{p.stderr[-3000:]}")
+                out[who] = rows(os.path.join(tmp, f"{name}-{who}", "metrics.csv"))
+            gone = set(out["old"][0]) - set(out["new"][0])
+            same = (len(out["old"]) == len(out["new"]) == 4
+                    and all(all(o[k] == "" for k in gone) for o in out["old"])
+                    and [{k: r[k] for k in out["new"][0]} for r in out["old"]] == out["new"])
+            kept = " ".join(r["n_kept"] for r in out["new"])
+            print(f"{name:13s} ({script} {' '.join(extra)}): {len(out['new'])} generation batches, kept {kept}: "
+                  f"{'identical' if same else 'DIFFER'}", flush=True)
+            if not same:
+                for o, n in zip(out["old"], out["new"]):
+                    print("   old", o, "\n   new", n)
+            failed += not same
+    sys.exit(failed)
+
+
+if __name__ == "__main__":
+    main()

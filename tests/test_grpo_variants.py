@@ -1,0 +1,176 @@
+"""grpo_variants.py: the cheap filters (DAPO, PODS, CPPO), I-PPO's validation target, the verifiable task
+(--reward-fn exact-answer) and TRL's checkpoints, on the tiny task of tests/conftest.py (offline)."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import tyro
+
+import grpo_iif
+import grpo_variants
+from test_grpo import ROOT, flags, parse, read_rows, trainer_and_batch
+
+
+def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy):
+    for extra, needle in [(("--validation-size", "500", "--target-data", "validation"), "--validation-size"),
+                          (("--save-steps", "3", "--mini-batch-size", "4"), "--save-steps"),
+                          (("--resume-from-checkpoint", "last"), "no checkpoint-* folder"),
+                          (("--filter-method", "max-variance"), "--keep-fraction"),
+                          (("--keep-fraction", "0.5"), "--keep-fraction"),
+                          (("--filter-method", "abs-advantage", "--keep-fraction", "0"), "--keep-fraction"),
+                          (("--filter-method", "zero-variance", "--filter-p", "0.5"), "--filter-p"),
+                          (("--chat",), "--chat"), (("--batch-size", "7"), "--batch-size")]:
+        with pytest.raises(SystemExit) as e:
+            grpo_variants.main(parse(toy, tmp_path, *extra, script=grpo_variants))
+        assert needle in str(e.value), (extra, e.value)
+        assert not (tmp_path / "r").exists()
+
+
+def test_validation_target_scores_the_batch_against_held_out_completions(toy, tmp_path):
+    args, trainer, b = trainer_and_batch(toy, tmp_path, "--filter-method", "none", "--target-data", "validation",
+                                         "--validation-size", "2", script=grpo_variants)
+    logs, rewards = len(trainer._logs["completion"]), trainer.rewards
+    t = trainer.validation_batch()
+    assert len(t["advantages"]) == 4 and len(trainer._logs["completion"]) == logs  # 2 prompts x 2; out of the logs
+    assert trainer.rewards is rewards  # the generation batch's rewards, for its metrics.csv row
+    held = {r["prompt"] for r in trainer.held_rows[:2]}
+    assert held.isdisjoint(trainer.train_dataset["prompt"])
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    assert not torch.allclose(grpo_iif.influence(model, b, t, args), grpo_iif.influence(model, b, b, args))
+
+
+def test_killed_run_resumes_from_its_last_checkpoint(toy, tmp_path):
+    """A run killed (SIGKILL) after its checkpoint at step 4 continues from it with --resume-from-checkpoint last:
+    metrics.csv keeps the generation batches that the checkpoint holds, and the run goes on as one never killed"""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+
+    def cmd(name, steps, *extra):  # random filtering: its generator's state must come back too
+        return [sys.executable, os.path.join(ROOT, "grpo_variants.py"), *flags(toy, "--runs-dir", str(tmp_path)),
+                "--run-name", name, "--max-steps", str(steps), "--filter-method", "random", "--eval-every", "0",
+                "--save-steps", "4", *extra]
+    subprocess.run(cmd("whole", 6), env=env, check=True, capture_output=True, timeout=300)
+    run = tmp_path / "killed"
+    proc = subprocess.Popen(cmd("killed", 100), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:  # one generation batch a step: kill it once the 6th has begun, before its next checkpoint (step 8)
+        while not ((run / "metrics.csv").exists() and len(read_rows(run)) >= 5):
+            assert proc.poll() is None, "the run ended first"
+            time.sleep(0.01)
+    finally:
+        proc.kill()
+    assert proc.wait() == -signal.SIGKILL
+    assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-4"]
+    out = subprocess.run(cmd("killed", 6, "--resume-from-checkpoint", "last"), env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "after 4 generation batches" in out.stdout
+    resumed, whole = read_rows(run), read_rows(tmp_path / "whole")
+    assert [r["round"] for r in resumed] == [r["step"] for r in resumed] == [str(i) for i in range(6)]
+    for key in ("reward_mean", "n_kept"):
+        assert [r[key] for r in resumed] == [r[key] for r in whole], key
+    assert (run / "policy" / "adapter_config.json").exists()
+
+
+def test_checkpoint_flags_reach_trl(toy, tmp_path):
+    trainer = grpo_variants.make_trainer(parse(toy, tmp_path, "--save-steps", "2", script=grpo_variants))
+    config = trainer.args
+    assert config.save_strategy == "steps" and config.save_steps == 2 and config.output_dir == str(tmp_path / "r")
+
+
+# ---- The cheap filters (DAPO, PODS, CPPO) and the verifiable task (--reward-fn exact-answer) ----
+def test_zero_variance_drops_the_groups_whose_rewards_are_all_equal():
+    rewards = torch.tensor([1., 1., 1., 1., 0., 1., 0., 0., .5, .5, .5, .5])
+    assert grpo_variants.zero_variance(rewards, 4).tolist() == [False] * 4 + [True] * 4 + [False] * 4
+
+
+def test_max_variance_keeps_the_subset_of_largest_variance():
+    # m = 3 of {0, 1, 2, 3, 10}: {0, 1, 10} (variance 20.2) beats {0, 3, 10} (17.6) and {2, 3, 10}
+    assert grpo_variants.max_variance(torch.tensor([2., 10., 0., 3., 1.]), 5, 3).tolist() == [False, True, True, False,
+                                                                                      True]
+    # binary rewards: as many right as wrong where the group allows it
+    kept = grpo_variants.max_variance(torch.tensor([1., 1., 1., 1., 1., 1., 0., 0., 1., 0., 0., 0., 0., 0., 0., 0.]), 8, 4)
+    assert kept.view(2, 8).sum(1).tolist() == [4, 4] and kept[6] and kept[7] and kept[8]
+    # the top-i / bottom-(m - i) candidates reach the largest variance over all subsets of m
+    import itertools
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.randn(6 * 8, generator=gen).double()
+    rewards[:16] = rewards[:16].round()  # groups with ties, too
+    for m in (2, 3, 4, 5):
+        kept = grpo_variants.max_variance(rewards, 8, m).view(6, 8)
+        for g, r in enumerate(rewards.view(6, 8)):
+            best = max(r[list(c)].var(unbiased=False) for c in itertools.combinations(range(8), m))
+            assert kept[g].sum() == m and torch.isclose(r[kept[g]].var(unbiased=False), best, rtol=0, atol=1e-12)
+
+
+def test_abs_advantage_drops_the_smallest_absolute_advantages_of_each_group():
+    advantages = torch.tensor([.1, -2., .5, 1.5, 0., 0., 0., 0.])
+    assert grpo_variants.abs_advantage(advantages, 4, 2).tolist() == [False, True, False, True, True, True, False, False]
+
+
+def test_exact_answer_checks_the_last_number():
+    assert grpo_variants.exact_answer(None, ["85", "85 12+3", "8", "", "so 1,234.", "x"],
+                                 ["85", "85", "85", "85", "step... #### 1,234", "0"]) == [1., 0., 0., 0., 1., 0.]
+    assert grpo_variants.exact_answer(None, [[{"role": "assistant", "content": "It is 7"}]], ["7"]) == [1.]  # chat
+
+
+@pytest.mark.parametrize("method", ["max-variance", "abs-advantage"])
+def test_cheap_filters_take_their_completions_out_through_the_hook(toy, tmp_path, method):
+    args, trainer, b0 = trainer_and_batch(toy, tmp_path, "--filter-method", "none", script=grpo_variants)
+    rewards = trainer.rewards[:, 0].clone()
+    trainer.iif_args.filter_method, trainer.iif_args.keep_fraction = method, 0.5  # m = 1 of each group of 2
+    torch.manual_seed(0)  # the same completions as b0, now filtered
+    b = trainer._generate_and_score_completions([{"prompt": p} for p in trainer.train_dataset["prompt"][:4]
+                                                 for _ in range(2)])
+    kept = (grpo_variants.max_variance(rewards, 2, 1) if method == "max-variance"
+            else grpo_variants.abs_advantage(b0["advantages"], 2, 1))
+    assert int(kept.sum()) == 4 and len(b["advantages"]) == 4  # one micro-batch a generation batch: no padding
+    assert torch.equal(b["completion_ids"], b0["completion_ids"][kept])
+    assert b["num_items_in_batch"] == b0["completion_mask"][kept].sum()
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_exact_answer_task_end_to_end(toy, tmp_path, chat):
+    """--reward-fn exact-answer on addition rows, with an untrained policy: every answer is wrong, so
+    every group's rewards are all 0, zero-variance drops every completion, and the test accuracy is 0.
+    With --chat the questions are user messages in the tokenizer's chat template."""
+    from transformers import AutoTokenizer
+    from benchmarks.addition_toy_task import pairs, write_rows
+    train, test = pairs(0, 20)
+    write_rows(tmp_path / "train.jsonl", train[:60])
+    write_rows(tmp_path / "test.jsonl", test)
+    args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "add", "--reward-fn", "exact-answer",
+                 "--filter-method", "zero-variance", "--gen-tokens", "4", *["--chat"] * chat)
+    args[args.index("--dataset") + 1] = str(tmp_path / "train.jsonl")
+    args[args.index("--eval-dataset") + 1] = str(tmp_path / "test.jsonl")
+    if chat:  # the toy policy with a chat template
+        shutil.copytree(toy / "policy", tmp_path / "policy")
+        tok = AutoTokenizer.from_pretrained(tmp_path / "policy")
+        tok.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
+        tok.save_pretrained(tmp_path / "policy")
+        args[args.index("--model-name") + 1] = str(tmp_path / "policy")
+    trainer = grpo_variants.main(grpo_variants.resolve_args(tyro.cli(grpo_variants.Args, args=args)))
+    row = trainer.train_dataset[0]
+    question = row["prompt"][0]["content"] if chat else row["prompt"]
+    assert question.endswith("=") and row["answer"].isdigit()
+    assert row["prompt"] == ([{"role": "user", "content": question}] if chat else question)
+    question = f"{test[0][0]}+{test[0][1]}="  # the first test question, as the policy sees it
+    assert trainer.processing_class.decode(trainer.evaluation[1][0]) == (
+        f"<user>{question}<assistant>" if chat else question)
+    rows = read_rows(tmp_path / "add")
+    assert len(rows) == 2 and list(rows[0]) == trainer.columns and "eval_accuracy" in trainer.columns
+    for r in rows:
+        assert float(r["reward_mean"]) == 0 and int(r["n_kept"]) == 0 and r["n_negative"] == ""
+        assert float(r["eval_accuracy"]) == 0 and r["eval_toxicity"] == ""
+
+
+def test_cheap_filters_keep_their_input_device():
+    """The masks are made where their input is (a GPU's tensors stay there); the meta device stands in here"""
+    advantages = torch.tensor([.1, -2., .5, 1.5, 0., 0., 0., 0.], device="meta")
+    assert grpo_variants.abs_advantage(advantages, 4, 2).device.type == "meta"
+    assert grpo_variants.zero_variance(advantages, 4).device.type == "meta"
+
+
