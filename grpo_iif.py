@@ -252,7 +252,7 @@ def influence(model, b, t, args, world=1, all_sum=lambda g: g):
     batch: one forward and one backward pass of the losses (row i of dy is l_i's alone) give every
     g_i, kept until G is complete. With beta = 0 or f_loss, G is a multiple of the sum of the g_i
     at theta(k), where the ratio is 1: no other pass; otherwise a second backward pass, of f, gives
-    G. With another target t, or gradients too large to keep: a pass over t for G, then one over b."""
+    G. With another target t, or gradients too large to keep: a pass over t for G, then over b."""
     layers = trained_linears(model)
     if layers is None:
         return influence_forward_mode(model, b, t, args, world=world, all_sum=all_sum)
@@ -263,7 +263,8 @@ def influence(model, b, t, args, world=1, all_sum=lambda g: g):
     G = [0.0] * len(layers)
 
     def add_to_G(G, io, dys):  # G += sum over the batch's tokens of dy x^T, in float32
-        return [g + torch.einsum("...o,...i->oi", up(dy), up(x)) for g, (x, _), dy in zip(G, io, dys)]
+        return [g + torch.einsum("...o,...i->oi", up(dy), up(x))
+                for g, (x, _), dy in zip(G, io, dys)]
 
     def reduce(G):  # every process's share added up
         flat = all_sum(torch.cat([g.flatten() for g in G]))
@@ -282,7 +283,8 @@ def influence(model, b, t, args, world=1, all_sum=lambda g: g):
             scores.append(-sum(((up(dy) @ g) * up(x)).flatten(1).sum(1)
                                for g, (x, _), dy in zip(G, io, dys)))
             continue
-        grads.append([torch.einsum("b...o,b...i->boi", up(dy), up(x)) for (x, _), dy in zip(io, dys)])
+        grads.append([torch.einsum("b...o,b...i->boi", up(dy), up(x))
+                      for (x, _), dy in zip(io, dys)])
         if not proportional:  # f's share of G, from the same forward pass
             G = add_to_G(G, io, grad(target(model, b, idx, args, world, logp=logp), io))
     if one_pass:
@@ -332,9 +334,9 @@ def keep_only(trainer, b, kept):
 
 # ---- Alg. 1 on TRL's GRPOTrainer: Stage I (generation) and Stage III (the update) are TRL's ----
 class IIFGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer that filters every generation batch before its update. Overrides three private
-    methods of TRL 1.16's GRPOTrainer (pinned by tests/test_grpo.py): _generate_and_score_completions
-    (Alg. 1), _generate and _calculate_rewards (timing; the gathered rewards)."""
+    """GRPOTrainer that filters every generation batch before its update. It overrides three
+    private methods of TRL 1.16's GRPOTrainer (tests/test_grpo.py pins them):
+    _generate_and_score_completions (Alg. 1), _generate and _calculate_rewards (timing, rewards)."""
 
     def __init__(self, *a, iif_args, evaluation=None, held_rows=(), **kw):
         super().__init__(*a, **kw)
@@ -379,8 +381,10 @@ class IIFGRPOTrainer(GRPOTrainer):
         self._metrics["train"]["iif/kept_fraction"].append(float(kept.float().mean()))
         self.row = dict(round=self.n_rounds, step=self.state.global_step, completions=len(rewards),
                         reward_mean=rewards.nanmean().item(), reward_std=rewards.std().item(),
-                        n_kept=int(kept.sum()), n_negative="" if scores is None else int((scores < 0).sum()),
-                        t_generate=t_generate, t_forward=t_forward, t_influence=self.t_stage2_end - t0)
+                        n_kept=int(kept.sum()),
+                        n_negative="" if scores is None else int((scores < 0).sum()),
+                        t_generate=t_generate, t_forward=t_forward,
+                        t_influence=self.t_stage2_end - t0)
         self.n_rounds += 1
         # Stage III (Alg. 1) follows: TRL's GRPO steps on the kept completions of b
         return b
@@ -393,7 +397,8 @@ class IIFGRPOTrainer(GRPOTrainer):
         if args.filter_method == "none":
             return torch.ones(len(self.rewards), dtype=torch.bool), None
         scores = influence(acc.unwrap_model(self.model), b, b if t is None else t, args,
-                           world=acc.num_processes, all_sum=lambda g: acc.reduce(g, reduction="sum"))
+                           world=acc.num_processes,
+                           all_sum=lambda g: acc.reduce(g, reduction="sum"))
         scores = acc.gather(scores).cpu()
         if not torch.isfinite(scores).all():
             fail(f"generation batch {self.n_rounds}: non-finite influence; lower --learning-rate")
@@ -429,7 +434,8 @@ def sample(model, queries, tokenizer, args, rank=0, synced=False, bs=64):
     """Continuations of the token-id queries, sampled from pi_theta itself as in training, each up
     to its first EOS; a fixed seed per process, training's random state untouched. Under FSDP or
     DeepSpeed every process keeps stepping until all have finished (synced_gpus)."""
-    device, pad, eos = next(model.parameters()).device, tokenizer.pad_token_id, tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     texts = []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed + 10_000 + rank)
@@ -446,7 +452,8 @@ def sample(model, queries, tokenizer, args, rank=0, synced=False, bs=64):
                 synced_gpus=synced)[:, P:].cpu()
             is_eos = out == eos
             ends = torch.where(is_eos.any(1), is_eos.int().argmax(1), out.shape[1])
-            texts += [tokenizer.decode(r[:n], skip_special_tokens=True) for r, n in zip(out, ends.tolist())]
+            texts += [tokenizer.decode(r[:n], skip_special_tokens=True)
+                      for r, n in zip(out, ends.tolist())]
     return texts
 
 
@@ -472,7 +479,6 @@ def main(args, trainer=None):
               flush=True)
     try:  # Alg. 1 in every generation batch, inside TRL's loop
         trainer.train()
-        write_row(trainer, last=True)  # where --max-steps ends inside a generation batch's update
         trainer.save_model(os.path.join(run_dir, "policy"))  # the adapter only, with LoRA
     finally:  # also on Ctrl-C: every finished generation batch is in metrics.csv
         if trainer.writer is not None:
@@ -499,7 +505,8 @@ def up(x):
 def trained_linears(model):
     """The nn.Linear layers whose weight trains (LoRA's A and B), or None where other parameters
     train too (a bias, embeddings, norms: the whole model)"""
-    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.requires_grad]
+    layers = [m for m in model.modules()
+              if isinstance(m, torch.nn.Linear) and m.weight.requires_grad]
     n_trained = sum(1 for p in model.parameters() if p.requires_grad)
     return layers if layers and n_trained == len(layers) else None
 
@@ -525,7 +532,8 @@ def with_linear_io(layers, fn):
 
 def grad(y, io, retain=False):
     """d y / d (every layer's output)"""
-    return torch.autograd.grad(y, [out for _, out in io], retain_graph=retain, materialize_grads=True)
+    return torch.autograd.grad(y, [out for _, out in io], retain_graph=retain,
+                               materialize_grads=True)
 
 
 def memory_for_grads(device):
@@ -634,20 +642,20 @@ def make_trainer(args, dtype=None, cls=None, config=None, task=None):
     peft_config = None
     if args.lora:
         from peft import LoraConfig
-        peft_config = LoraConfig(
-            r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0, bias="none",
-            task_type="CAUSAL_LM",
-            target_modules=args.lora_target_modules.split(",") if args.lora_target_modules else None)
+        targets = args.lora_target_modules.split(",") if args.lora_target_modules else None
+        peft_config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0,
+                                 bias="none", task_type="CAUSAL_LM", target_modules=targets)
     try:
         trainer = (cls or IIFGRPOTrainer)(
-            model=lm, reward_funcs=reward_fn, args=config or make_config(args), processing_class=tokenizer,
-            train_dataset=Dataset.from_list(train_rows), peft_config=peft_config, iif_args=args,
-            evaluation=evaluation, held_rows=held_rows)
+            model=lm, reward_funcs=reward_fn, args=config or make_config(args),
+            processing_class=tokenizer, train_dataset=Dataset.from_list(train_rows),
+            peft_config=peft_config, iif_args=args, evaluation=evaluation, held_rows=held_rows)
     except ValueError as e:  # peft's answer to --lora-target-modules that the model does not have
         fail(f"--lora-target-modules: {e}" if args.lora_target_modules else str(e))
     if trainer.sharded and args.filter_method != "none" and trained_linears(trainer.model) is None:
-        fail(f"--filter-method {args.filter_method} under {trainer.accelerator.distributed_type.value}"
-             " scores from the trained linear layers' activations (LoRA's), as parameters may be "
+        fail(f"--filter-method {args.filter_method} under "
+             f"{trainer.accelerator.distributed_type.value} scores from the trained linear "
+             "layers' activations (LoRA's), as parameters may be "
              "sharded; here other parameters train too (--no-lora, or LoRA on embeddings or "
              "biases). Use LoRA on linear layers, DDP, or --filter-method none")
     for m in models:  # the classifiers, onto the trainer's device
@@ -664,7 +672,8 @@ def detox_task(args, tokenizer):
         return make_reward_fn(rm), train, held, None, [rm[0]]
     clf = load_classifier("--eval-reward-model", args.eval_reward_model, "--eval-toxic-label",
                           args.eval_toxic_label)
-    return make_reward_fn(rm), train, held, (clf, load_eval_prompts(args, tokenizer)), [rm[0], clf[0]]
+    evaluation = (clf, load_eval_prompts(args, tokenizer))
+    return make_reward_fn(rm), train, held, evaluation, [rm[0], clf[0]]
 
 
 # ---- Plumbing: the flags, the run folder and metrics.csv ----
@@ -675,7 +684,7 @@ def resolve_args(args, resuming=False):
     if args.dtype is None:
         args.dtype = "bfloat16" if gpu and torch.cuda.is_bf16_supported() else "float32"
     if args.dtype == "bfloat16" and gpu and not torch.cuda.is_bf16_supported():
-        fail(f"--dtype bfloat16: {torch.cuda.get_device_name()} has no bfloat16; use --dtype float32")
+        fail(f"--dtype bfloat16: {torch.cuda.get_device_name()} has no bfloat16; use float32")
     args.forward_batch_size = args.forward_batch_size or (64 if gpu else 16)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     for key in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "num_iterations",
@@ -696,12 +705,14 @@ def resolve_args(args, resuming=False):
          "is trained on (--batch-size / (--mini-batch-size x processes) x --num-iterations), so "
          "that its update ends on an optimizer step"),
         (args.prompt_max_tokens >= args.prompt_min_tokens, f"--prompt-max-tokens "
-         f"({args.prompt_max_tokens}) must be at least --prompt-min-tokens ({args.prompt_min_tokens})"),
+         f"({args.prompt_max_tokens}) must be at least --prompt-min-tokens "
+         f"({args.prompt_min_tokens})"),
         (args.eval_every >= 0, f"--eval-every must be 0 (never) or more, got {args.eval_every}"),
         (args.filter_p is None or 0 < args.filter_p <= 1,
          f"--filter-p must be in (0, 1], got {args.filter_p}"),
-        (args.filter_p is None or args.filter_method in ("influence", "random"), f"--filter-p sets "
-         f"IIF's count of dropped completions; --filter-method {args.filter_method} does not use it"),
+        (args.filter_p is None or args.filter_method in ("influence", "random"),
+         f"--filter-p sets IIF's count of dropped completions; --filter-method "
+         f"{args.filter_method} does not use it"),
         (0 <= args.held_out_fraction < 1,
          f"--held-out-fraction must be in [0, 1), got {args.held_out_fraction}"),
         (args.learning_rate > 0, f"--learning-rate must be positive, got {args.learning_rate}"),
@@ -759,7 +770,8 @@ def write_row(trainer, last=False):
     if trainer.writer is not None:
         trainer.writer[0].writerow(r)
         trainer.writer[1].flush()
-        test = f" test {trainer.test_column[5:]} {r[trainer.test_column]:.3f}" if trainer.test_column in r else ""
+        key = trainer.test_column
+        test = f" test {key[5:]} {r[key]:.3f}" if key in r else ""
         print(f"generation batch {r['round']} reward {r['reward_mean']:.3f} | kept {r['n_kept']}/"
               f"{r['completions']}{test} | s: generate {r['t_generate']:.1f} forward "
               f"{r['t_forward']:.1f} influence {r['t_influence']:.1f} optim {r['t_optim']:.1f}",
@@ -767,15 +779,20 @@ def write_row(trainer, last=False):
     trainer.row = None
 
 
-if __name__ == "__main__":
-    args = resolve_args(tyro.cli(Args))
+def run_cli(args, main):
+    """main(args); Ctrl-C keeps every finished generation batch, and several processes
+    (accelerate launch, torchrun) leave together"""
     try:
         main(args)
     except KeyboardInterrupt:
         sys.exit(f"\ninterrupted: every finished generation batch is in "
                  f"{os.path.join(args.runs_dir, args.run_name)}/metrics.csv")
-    if torch.distributed.is_initialized():  # accelerate launch, torchrun
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)  # torch 2.13's gloo aborted at interpreter exit in about 1 run of 5 otherwise
+
+
+if __name__ == "__main__":
+    run_cli(resolve_args(tyro.cli(Args)), main)

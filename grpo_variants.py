@@ -11,12 +11,11 @@ With none of these set it writes what grpo_iif.py writes (results/grpo_rerun_che
 
     python grpo_variants.py --filter-method max-variance --keep-fraction 0.5 ...
     python grpo_variants.py --filter-method influence --target-data validation ...   # I-PPO
-    python grpo_variants.py --reward-fn exact-answer --dataset openai/gsm8k --dataset-config main ...
+    python grpo_variants.py --reward-fn exact-answer --dataset openai/gsm8k --dataset-config main
 """
 import copy
 import os
 import re
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Literal, Optional
@@ -72,10 +71,10 @@ def zero_variance(rewards, n):
 
 
 def max_variance(rewards, n, m):
-    """PODS's max-variance down-sampling (Xu et al. 2025): keep the m completions of each group whose
-    rewards have the largest variance. For rewards in ascending order that subset is the i largest
-    and the m - i smallest for some i (their Lemma), so the m + 1 candidates are compared exactly;
-    ties go to the smallest i."""
+    """PODS's max-variance down-sampling (Xu et al. 2025): keep the m completions of each group
+    whose rewards have the largest variance. For rewards in ascending order that subset is the i
+    largest and the m - i smallest for some i (their Lemma), so the m + 1 candidates are compared
+    exactly; ties go to the smallest i."""
     kept = torch.zeros(len(rewards), dtype=torch.bool, device=rewards.device)
     for g, r in enumerate(rewards.double().view(-1, n)):
         up_order = torch.argsort(r, stable=True)
@@ -106,8 +105,9 @@ def is_right(completion, answer):
     return got is not None and got == last_number(answer.split("####")[-1])
 
 
-def exact_answer(prompts, completions, answer, **kwargs):  # TRL logs it as rewards/exact_answer/mean
-    """The reward of --reward-fn exact-answer: 1.0 for a right answer, 0.0 otherwise"""
+def exact_answer(prompts, completions, answer, **kwargs):
+    """The reward of --reward-fn exact-answer: 1.0 for a right answer, 0.0 otherwise (TRL logs it
+    as rewards/exact_answer/mean)"""
     return [float(is_right(c if isinstance(c, str) else c[-1]["content"], a))
             for c, a in zip(completions, answer)]
 
@@ -185,7 +185,8 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
             return super(grpo_iif.IIFGRPOTrainer, self)._generate_and_score_completions(
                 rows[acc.process_index * n:][:n])
         finally:
-            self._metrics["train"], self._logs, self.state.num_input_tokens_seen, self.rewards = saved
+            (self._metrics["train"], self._logs, self.state.num_input_tokens_seen,
+             self.rewards) = saved
 
     def test_metric(self):
         """The test toxicity, or with exact-answer the test accuracy: the fraction of sampled
@@ -215,7 +216,8 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
 
 def make_trainer(args, dtype=None):
     def task(args, tokenizer):  # grpo_iif.make_trainer's, and enough held-out prompts
-        out = (answer_task if args.reward_fn == "exact-answer" else grpo_iif.detox_task)(args, tokenizer)
+        task = answer_task if args.reward_fn == "exact-answer" else grpo_iif.detox_task
+        out = task(args, tokenizer)
         if args.target_data == "validation" and len(out[2]) < args.validation_size:
             fail(f"--validation-size {args.validation_size}: only {len(out[2])} held-out prompts "
                  f"(--held-out-fraction {args.held_out_fraction})")
@@ -241,7 +243,8 @@ def resolve_args(args):
          f"max-variance or abs-advantage, not {args.filter_method}"),
         (args.keep_fraction is None or 0 < args.keep_fraction <= 1,
          f"--keep-fraction must be in (0, 1], got {args.keep_fraction}"),
-        (args.validation_size >= 1, f"--validation-size must be at least 1, got {args.validation_size}"),
+        (args.validation_size >= 1,
+         f"--validation-size must be at least 1, got {args.validation_size}"),
         (args.target_data == "buffer" or args.validation_size * args.num_generations % world == 0,
          f"--validation-size ({args.validation_size}) x --num-generations must be a multiple of "
          f"the {world} processes"),
@@ -269,14 +272,4 @@ def resolve_args(args):
 
 
 if __name__ == "__main__":
-    args = resolve_args(tyro.cli(Args))
-    try:
-        main(args)
-    except KeyboardInterrupt:
-        sys.exit(f"\ninterrupted: every finished generation batch is in "
-                 f"{os.path.join(args.runs_dir, args.run_name)}/metrics.csv")
-    if torch.distributed.is_initialized():  # accelerate launch, torchrun: as grpo_iif.py ends
-        torch.distributed.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    grpo_iif.run_cli(resolve_args(tyro.cli(Args)), main)

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 
 import numpy as np
 import scipy.stats
@@ -124,6 +125,7 @@ def main():
     ap.add_argument("--buffers", type=int, default=4, help="buffers scored at each state")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
+    t_start = time.perf_counter()
     torch.set_num_threads(a.threads)
     tmp = tempfile.mkdtemp(prefix="bf16_scores_")
     rows = rlhf_rows(a.task, a.rounds, a.buffers, tmp) + grpo_rows(a.task, a.rounds, a.buffers, tmp)
@@ -136,6 +138,7 @@ def main():
             rho, same, kept = (np.array(x) for x in zip(*r))
             print(f"| {script} | {state} | {rho.mean():.4f} [{rho.min():.4f}] | {same.mean():.1%} [{same.min():.1%}] | "
                   f"{kept.mean():.0%} |")
+    print(f"\n{time.perf_counter() - t_start:.0f} s in all (wall clock, this command)")
 
 
 if __name__ == "__main__":

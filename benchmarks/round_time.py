@@ -50,6 +50,15 @@ def policy_of(shape, vocab, eos):
                                           intermediate_size=4 * width, max_position_embeddings=2048, **ids))
 
 
+def libraries():
+    import peft
+    import transformers
+    import trl
+    cuda = f" (CUDA {torch.version.cuda})" if torch.version.cuda else ""
+    return (f"torch {torch.__version__}{cuda}, transformers {transformers.__version__}, trl {trl.__version__}, "
+            f"peft {peft.__version__}")
+
+
 def run(script, root, method, rep, a):
     common = ["--model-name", os.path.join(root, "policy"), "--reward-model", os.path.join(root, "reward"),
               "--dataset", os.path.join(root, "prompts.jsonl"), "--eval-every", "0", "--filter-method", method,
@@ -119,7 +128,8 @@ def main():
             f"{a.mini_batch_size}, beta {a.beta:g}")
     print(f"{a.script}_iif.py, {a.shape} shape ({n_params / 1e9:.2f} B parameters, random weights, byte vocabulary), "
           f"{device}, {args.dtype}, forward batch {args.forward_batch_size}: {what}, LoRA r 16, "
-          f"{a.gen_tokens}-token continuations; seconds, medians over {a.reps} x {a.rounds - 1} rounds\n")
+          f"{a.gen_tokens}-token continuations; seconds, medians over {a.reps} x {a.rounds - 1} rounds; "
+          f"{libraries()}\n")
     paper = a.script == "rlhf" and a.shape == "gpt-neo-2.7B"
     print("| component | standard | IIF |" + (" paper, standard | paper, IIF |" if paper else ""))
     print("|---|---|---|" + ("---|---|" if paper else ""))

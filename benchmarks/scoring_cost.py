@@ -103,6 +103,7 @@ def main():
     ap.add_argument("--reps", type=int, default=7, help="alternating repetitions; the median is printed")
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
+    t_start = time.perf_counter()
     torch.set_num_threads(a.threads)
     print(f"Scoring a buffer of 64 records on the toy task ({a.task}), float32, CPU, {a.threads} thread(s): "
           f"seconds (median of {a.reps} alternating repetitions) and passes = seconds / one forward and backward "
@@ -114,6 +115,7 @@ def main():
         print(f"| {script} | {fb} | one forward and backward pass of the loss | {t['unit']:.3f} | 1 |")
         for name in scorers:
             print(f"| {script} | {fb} | {name} | {t[name]:.3f} | {t[name] / t['unit']:.2f} |", flush=True)
+    print(f"\n{time.perf_counter() - t_start:.0f} s in all (wall clock, this command)")
 
 
 if __name__ == "__main__":

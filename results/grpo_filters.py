@@ -115,8 +115,8 @@ def early_stop(runs, done, metric, metric_name):
     print(f"\nI-PPO's early stop (kept 0 of a generation batch), per seed; plain GRPO's peak: the batch ending its "
           f"best trailing mean of {W} training rewards, and its best {metric_name}:\n")
     print("| seed | batches kept 0 | first such batch | plain GRPO's reward peak | plain GRPO's best test | "
-          "I-PPO kept, first 10 batches | last 10 |")
-    print("|---|---|---|---|---|---|---|")
+          "I-PPO's fewest kept | I-PPO kept, first 10 batches | last 10 |")
+    print("|---|---|---|---|---|---|---|---|")
     lower_is_better = metric == "eval_toxicity"
     for s in done["i-ppo"]:
         rows, plain = runs["i-ppo"][s], runs["none"][s]
@@ -125,8 +125,8 @@ def early_stop(runs, done, metric, metric_name):
         tests = [(r[metric], r["round"]) for r in plain if not np.isnan(r[metric])]
         best = int((min if lower_is_better else max)(tests)[1])
         kept = [r["n_kept"] / r["completions"] for r in rows]
-        print(f"| {s} | {len(zero)} | {zero[0] if zero else '-'} | {peak} | {best} | {np.mean(kept[:10]):.2f} "
-              f"| {np.mean(kept[-10:]):.2f} |")
+        print(f"| {s} | {len(zero)} | {zero[0] if zero else '-'} | {peak} | {best} "
+              f"| {min(r['n_kept'] for r in rows):.0f} of 64 | {np.mean(kept[:10]):.2f} | {np.mean(kept[-10:]):.2f} |")
 
 
 def draw(axes, runs, labels, metric, metric_name, title):

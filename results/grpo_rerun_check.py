@@ -3,10 +3,13 @@ flags on the tests' tiny task must give the same metrics.csv, every column but t
 
     python results/grpo_rerun_check.py                 # against f3c7146, the file before the split
     python results/grpo_rerun_check.py --commit HEAD~3
+    python results/grpo_rerun_check.py --runs OTHER/results/runs results/runs   # two sets of runs
 
 Each configuration runs in a fresh process, once with the earlier file and once with today's pair,
 for 4 generation batches of 16 completions (4 prompts x 4) in 2 micro-batches, the test toxicity
 (or accuracy) after each. A column the earlier file wrote and today's does not must be empty there.
+With --runs, it compares instead the runs of results/grpo_filters.sh in two folders (a checkout of
+the earlier file running the same script, and today's), run by run.
 """
 import argparse
 import csv
@@ -65,11 +68,33 @@ def rows(path):
         return [{k: v for k, v in r.items() if not k.startswith("t_")} for r in csv.DictReader(f)]
 
 
+def same(old, new):
+    """The rows agree on every column of new but the t_* timings; old's other columns are empty"""
+    gone = set(old[0]) - set(new[0])
+    return (len(old) == len(new) and all(all(o[k] == "" for k in gone) for o in old)
+            and [{k: r[k] for k in new[0]} for r in old] == new)
+
+
+def compare_folders(old_dir, new_dir):
+    names = sorted(d for d in os.listdir(new_dir) if d.startswith("grpo-filters-")
+                   and os.path.isfile(os.path.join(old_dir, d, "metrics.csv")))
+    differ = [d for d in names if not same(rows(os.path.join(old_dir, d, "metrics.csv")),
+                                            rows(os.path.join(new_dir, d, "metrics.csv")))]
+    for prefix in sorted({d.split("__")[0] for d in names}):
+        n = [d for d in names if d.startswith(prefix + "__")]
+        print(f"{prefix}: {len(n) - len([d for d in differ if d in n])} of {len(n)} runs identical"
+              + "".join(f"\n   DIFFER {d}" for d in differ if d in n))
+    return len(differ)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--commit", default="f3c7146", help="the earlier grpo_iif.py's commit")
     ap.add_argument("--configs", nargs="*", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--runs", nargs=2, metavar=("EARLIER", "TODAY"), help="compare two folders of runs")
     a = ap.parse_args()
+    if a.runs:
+        sys.exit(compare_folders(*a.runs))
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", PYTHONHASHSEED="0")
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,17 +114,14 @@ def main():
                 if p.returncode:
                     sys.exit(f"{who} {name} failed:\n{p.stderr[-3000:]}")
                 out[who] = rows(os.path.join(tmp, f"{name}-{who}", "metrics.csv"))
-            gone = set(out["old"][0]) - set(out["new"][0])
-            same = (len(out["old"]) == len(out["new"]) == 4
-                    and all(all(o[k] == "" for k in gone) for o in out["old"])
-                    and [{k: r[k] for k in out["new"][0]} for r in out["old"]] == out["new"])
+            ok = len(out["new"]) == 4 and same(out["old"], out["new"])
             kept = " ".join(r["n_kept"] for r in out["new"])
             print(f"{name:13s} ({script} {' '.join(extra)}): {len(out['new'])} generation batches, kept {kept}: "
-                  f"{'identical' if same else 'DIFFER'}", flush=True)
-            if not same:
+                  f"{'identical' if ok else 'DIFFER'}", flush=True)
+            if not ok:
                 for o, n in zip(out["old"], out["new"]):
                     print("   old", o, "\n   new", n)
-            failed += not same
+            failed += not ok
     sys.exit(failed)
 
 

@@ -137,10 +137,10 @@ fi
 if [ -f results/runs/rlhf-toy__influence__3/metrics.csv ]; then  # bash results/rlhf_toy.sh
   python analysis.py rlhf --runs results/runs --env rlhf-toy --out $F/rlhf_toy.png > $F/rlhf_toy.md
 fi
-if [ -f results/runs/grpo-toy__random__3/metrics.csv ]; then  # bash results/grpo_toy.sh
-  python analysis.py rlhf --runs results/runs --env grpo-toy --out $F/grpo_toy.png > $F/grpo_toy.md
+if [ -f results/runs/grpo-filters-detox__i-ppo__5/metrics.csv ]; then  # bash results/grpo_filters.sh
+  python results/grpo_filters.py > $F/grpo_filters.md
 fi
-for g in grpo-toy-mu4 grpo-toy-clock grpo-toy-mu4-clock; do  # ITERS=4 and/or CLOCK=1 (docs/grpo.md)
+for g in grpo-toy-mu4 grpo-toy-mu4-clock; do  # ITERS=4 bash results/grpo_toy.sh, with CLOCK=1 (docs/grpo.md)
   if [ -f results/runs/${g}__influence__3/metrics.csv ]; then
     python analysis.py rlhf --runs results/runs --env $g --out $F/${g//-/_}.png > $F/${g//-/_}.md
   fi

@@ -143,11 +143,21 @@ def stage_run(envs, seeds):
 
 
 def stage_status(envs):
+    import analysis
+    hours, n = 0.0, 0
     for env_id in envs:
         for method in METHODS:
             for m in grid(env_id, method):
                 states = [state(env_id, method, m, s) for s in seeds_of(env_id)]
                 print(f"{env_id:22s} {label(method, m):20s} {', '.join(states)}")
+                for s in seeds_of(env_id):  # the seconds its own runs recorded (linked ones left out)
+                    run = os.path.join(RUNS, f"{env_id}__{label(method, m)}__{s}")
+                    if not os.path.islink(run) and os.path.exists(os.path.join(run, "metrics.csv")):
+                        rows = analysis.read_metrics(os.path.join(run, "metrics.csv"))
+                        hours += sum(v for r in rows for k, v in r.items() if k.startswith("t_")) / 3600
+                        n += 1
+    print(f"{n} runs made here (not linked) recorded {hours:.1f} hours of rollout, influence, "
+          "optimisation and test time in their metrics.csv")
 
 
 if __name__ == "__main__":

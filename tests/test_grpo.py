@@ -130,15 +130,16 @@ def test_influence_matches_per_completion_autograd(toy, tmp_path, extra):
         g_i = torch.autograd.grad(grpo_iif.completion_losses(model, b, torch.tensor([i]), args).sum(), params)
         brute.append(-sum((a * c).sum() for a, c in zip(g_f, g_i)))
     brute = torch.stack(brute)
-    print(f"max |influence - autograd| = {(scores - brute).abs().max().item():.2e} "
-          f"(scores up to {brute.abs().max().item():.2e})")
+    print(f"{' '.join(extra) or 'LoRA, f_seq'}: max |influence_forward_mode - autograd| = "
+          f"{(scores - brute).abs().max().item():.2e} (scores up to {brute.abs().max().item():.2e})")
     assert torch.allclose(scores, brute, rtol=1e-9, atol=1e-14), (scores, brute)
     assert (scores.abs() > 1e-8).all()
     if "--no-lora" in extra:  # embeddings and norms train too: no activation form
         assert grpo_iif.trained_linears(model) is None
     else:  # the activation form, which sharded parameters use, gives the same scores
         sharded = grpo_iif.influence(model, b, b, args)
-        print(f"max |activation form - autograd| = {(sharded - brute).abs().max().item():.2e}")
+        print(f"{' '.join(extra) or 'LoRA, f_seq'}: max |influence (activations) - autograd| = "
+              f"{(sharded - brute).abs().max().item():.2e}")
         assert torch.allclose(sharded, brute, rtol=1e-9, atol=1e-14), (sharded, brute)
 
 
