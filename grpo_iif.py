@@ -8,7 +8,9 @@ GRPO as the learner, in IIFGRPOTrainer._generate_and_score_completions, which TR
 generation batch: Stage I is TRL's generation, Stage II scores every completion by its influence
 on a target f at the current parameters and drops the harmful ones, Stage III is TRL's ordinary
 GRPO update on the rest. grpo_variants.py adds the cheap filters GRPO users apply (DAPO, PODS,
-CPPO), a verifiable task (GSM8K's fields) and I-PPO's validation target.
+CPPO), a verifiable task (GSM8K's fields), I-PPO's validation target and checkpoints. Several
+processes and bfloat16 stay here: a GPU user of the paper's 2.7B policy needs them from the first
+run, and the scores are computed so that they stay exact when FSDP shards the parameters.
 
 The paper's setup (gpt-neo-2.7B, hub models and data sets, GPUs):
 
