@@ -1,31 +1,27 @@
 r"""GRPO with Iterative Influence-based Filtering (IIF), on TRL's GRPOTrainer, in one file.
 
-The detoxification setup of rlhf_iif.py, trained with GRPO instead of PPO: a causal LM continues
-toxic prompts, a hate-speech classifier's label logit on the continuation is the reward, and each
-prompt gets --num-generations completions whose advantages are their rewards normalised within the
-group. A record is one completion; the buffer B(k) is one generation batch. Alg. 1 of the paper,
-GRPO as the learner, in IIFGRPOTrainer._generate_and_score_completions, which TRL calls once per
-generation batch: Stage I is TRL's generation, Stage II scores every completion by its influence
-on a target f at the current parameters and drops the harmful ones, Stage III is TRL's ordinary
-GRPO update on the rest. grpo_variants.py adds the cheap filters GRPO users apply (DAPO, PODS,
-CPPO), a verifiable task (GSM8K's fields), I-PPO's validation target and checkpoints. Several
-processes and bfloat16 stay here: a GPU user of the paper's 2.7B policy needs them from the first
-run, and the scores are computed so that they stay exact when FSDP shards the parameters.
+The detoxification setup of rlhf_iif.py, trained with GRPO: a causal LM continues toxic prompts, a
+hate-speech classifier's label logit on the continuation is the reward, and each prompt gets
+--num-generations completions whose advantages are their rewards normalised within the group. A
+record is one completion; the buffer B(k) is one generation batch. Alg. 1 runs in
+IIFGRPOTrainer._generate_and_score_completions, which TRL calls once per generation batch: Stage I
+is TRL's generation, Stage II scores every completion by its influence on a target f at the current
+parameters and drops the harmful ones, Stage III is TRL's GRPO update on the rest.
+grpo_variants.py adds DAPO's, PODS's and CPPO's filters, a verifiable task, I-PPO's validation
+target and checkpoints. Several processes and bfloat16 stay here: a GPU user of the paper's 2.7B
+policy needs them from the first run, and the scores stay exact when FSDP shards the parameters.
 
-The paper's setup (gpt-neo-2.7B, hub models and data sets, GPUs):
-
-    python grpo_iif.py --filter-method influence
+    python grpo_iif.py --filter-method influence              # the paper's models, from the hub
     accelerate launch grpo_iif.py --filter-method influence   # several GPUs or nodes (DDP, FSDP2)
 
-Offline on a CPU, the toy task of results/grpo_toy.sh (built once, about 3 minutes):
+Offline on a CPU, the toy task of results/grpo_toy.sh (built once, 98 s on a 2-core CPU):
 
     python benchmarks/rlhf_toy_task.py --out results/rlhf_toy_task
     T=results/rlhf_toy_task
     python grpo_iif.py --model-name $T/policy --reward-model $T/reward --dataset $T/prompts.jsonl \
         --eval-dataset $T/wiki_toxic.jsonl --eval-reward-model $T/eval_reward --eval-samples 200 \
         --num-generations 8 --batch-size 64 --mini-batch-size 16 --learning-rate 3e-4 --beta 0.2 \
-        --max-steps 240 --use-cpu --threads 1 --filter-method influence \
-        --runs-dir results/runs --run-name grpo-toy__influence__1
+        --max-steps 240 --use-cpu --threads 1 --runs-dir results/runs --run-name grpo-toy__influence__1
 """
 import csv
 import json
@@ -694,9 +690,10 @@ def resolve_args(args, resuming=False):
                 "eval_samples", "eval_max_prompt_tokens", "max_steps"):
         if getattr(args, key) is not None and getattr(args, key) < 1:
             fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
+    if args.num_generations < 2:
+        fail(f"--num-generations must be at least 2 (GRPO normalises rewards within a group), "
+             f"got {args.num_generations}")
     checks = [
-        (args.num_generations >= 2, f"--num-generations must be at least 2 (GRPO normalises "
-         f"rewards within a group), got {args.num_generations}"),
         (args.batch_size % args.num_generations == 0, f"--batch-size ({args.batch_size}) must be "
          f"a multiple of --num-generations ({args.num_generations})"),
         (args.batch_size % (args.mini_batch_size * world) == 0, f"--batch-size ({args.batch_size}) "

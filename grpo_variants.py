@@ -151,7 +151,8 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
         super().__init__(*a, **kw)
         args = self.iif_args
         if args.reward_fn == "exact-answer":
-            self.columns = grpo_iif.METRICS[:8] + ["eval_accuracy"] + grpo_iif.METRICS[8:]
+            i = grpo_iif.METRICS.index("eval_toxicity") + 1  # the test accuracy's column next to it
+            self.columns = grpo_iif.METRICS[:i] + ["eval_accuracy"] + grpo_iif.METRICS[i:]
             self.test_column = "eval_accuracy"
         if args.resume_from_checkpoint:  # the generation batches done, the random filter's state
             state = torch.load(os.path.join(args.resume_from_checkpoint, "iif_state.pt"))
@@ -216,8 +217,8 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
 
 def make_trainer(args, dtype=None):
     def task(args, tokenizer):  # grpo_iif.make_trainer's, and enough held-out prompts
-        task = answer_task if args.reward_fn == "exact-answer" else grpo_iif.detox_task
-        out = task(args, tokenizer)
+        load = answer_task if args.reward_fn == "exact-answer" else grpo_iif.detox_task
+        out = load(args, tokenizer)
         if args.target_data == "validation" and len(out[2]) < args.validation_size:
             fail(f"--validation-size {args.validation_size}: only {len(out[2])} held-out prompts "
                  f"(--held-out-fraction {args.held_out_fraction})")

@@ -11,7 +11,7 @@ The paper's run (gpt-neo-2.7B, hub models and data sets, a GPU):
 
     python rlhf_iif.py --filter-method influence
 
-Offline on a CPU, the toy task of results/rlhf_toy.sh (built once, about 3 minutes):
+Offline on a CPU, the toy task of results/rlhf_toy.sh (built once, 98 s on a 2-core CPU):
 
     python benchmarks/rlhf_toy_task.py --out results/rlhf_toy_task
     T=results/rlhf_toy_task

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The GRPO demonstration: builds the toy task of the RLHF demonstration (benchmarks/rlhf_toy_task.py, about 3
-# minutes; shared with results/rlhf_toy.sh), then runs grpo_iif.py, 60 generation batches of 64 completions
+# The GRPO demonstration: builds the toy task of the RLHF demonstration (benchmarks/rlhf_toy_task.py, 98 s on a
+# 2-core CPU; shared with results/rlhf_toy.sh), then runs grpo_iif.py, 60 generation batches of 64 completions
 # (8 prompts x 8) per seed, with the test toxicity after each, into results/runs/grpo-toy__<label>__<seed>/.
 # Labels: none (plain GRPO), influence (GRPO + IIF, f_seq on the generation batch), random (as many
 # completions dropped at random), validation (IIF with f_seq on held-out prompts' completions, as I-PPO;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The RLHF demonstration: builds the toy task (benchmarks/rlhf_toy_task.py, about 3 minutes), then runs
+# The RLHF demonstration: builds the toy task (benchmarks/rlhf_toy_task.py, 98 s on a 2-core CPU), then runs
 # rlhf_iif.py, 30 rounds per seed, into results/runs/rlhf-toy__<label>__<seed>/. Labels: none (standard
 # PPO), influence (IIF with f_seq), random, f_return (IIF with the token-level target, App. C.8).
 # Resumable: a finished run is skipped, an unfinished one is redone.
