@@ -585,7 +585,7 @@ def cmd_rlhf(args):
         panels = ((axes[0], "reward_mean", x), (axes[1], "eval_toxicity", x),
                   (axes[2], "reward_mean", t))
         for ax, key, xs in panels:
-            c = np.array([[r[key] for r in rs[:n]] for rs in rows])
+            c = np.array([[r.get(key, np.nan) for r in rs[:n]] for rs in rows])  # grpo_iif.py: no test
             mean = c.mean(0)
             std = c.std(0)
             ax.plot(xs, mean, color=color[label], label=f"{name[label]} ({len(c)} seeds)")
@@ -604,11 +604,12 @@ def cmd_rlhf(args):
     print("|---|---|---|---|---|")
     for label in labels:
         fin = [smooth([r["reward_mean"] for r in rs], w)[-1] for rs in runs[label].values()]
-        tox = [[r["eval_toxicity"] for r in rs] for rs in runs[label].values()]
+        tox = [[r.get("eval_toxicity", np.nan) for r in rs] for rs in runs[label].values()]
         n = len(next(iter(runs[label].values())))
+        last = [x[-w:] for x in tox if not np.isnan(x[-w:]).all()]
         print(f"| {name[label]} | {n} | {np.mean(fin):.2f} ± {np.std(fin):.2f} | "
-              f"{np.mean([np.nanmean(x[-w:]) for x in tox]):.3f} | "
-              f"{np.mean([x[0] for x in tox]):.3f} |")
+              + (f"{np.mean([np.nanmean(x) for x in last]):.3f} | {np.mean([x[0] for x in tox]):.3f} |"
+                 if last else "- | - |"))
     if "none" in runs:  # per seed: when does each method first reach standard PPO's final reward?
         print("\nRounds and runtime to reach standard PPO's final reward (per seed, smoothed):\n")
         print("| method | seed | level | rounds / standard's | runtime / standard's |")

@@ -1,27 +1,19 @@
 r"""GRPO with Iterative Influence-based Filtering (IIF), on TRL's GRPOTrainer, in one file.
 
 The detoxification setup of rlhf_iif.py, trained with GRPO: a causal LM continues toxic prompts, a
-hate-speech classifier's label logit on the continuation is the reward, and each prompt gets
---num-generations completions whose advantages are their rewards normalised within the group. A
-record is one completion; the buffer B(k) is one generation batch. Alg. 1 runs in
-IIFGRPOTrainer._generate_and_score_completions, which TRL calls once per generation batch: Stage I
-is TRL's generation, Stage II scores every completion by its influence on a target f at the current
-parameters and drops the harmful ones, Stage III is TRL's GRPO update on the rest.
-grpo_variants.py adds DAPO's, PODS's and CPPO's filters, a verifiable task, I-PPO's validation
-target and checkpoints. Several processes and bfloat16 stay here: a GPU user of the paper's 2.7B
-policy needs them from the first run, and the scores stay exact when FSDP shards the parameters.
+classifier's label logit on the continuation is the reward, and each prompt gets --num-generations
+completions whose advantages are their rewards normalised within the group. A record is one
+completion; the buffer B(k) is one generation batch. Alg. 1 runs in IIFGRPOTrainer.
+_generate_and_score_completions, once per generation batch: Stage I is TRL's generation, Stage II
+scores every completion by its influence on a target f and drops the harmful ones, Stage III is
+TRL's GRPO update on the rest. grpo_variants.py adds the test metrics, the comparison's filters,
+I-PPO's target and checkpoints; several processes stay here, as the paper's 2.7B policy needs them.
 
     python grpo_iif.py --filter-method influence              # the paper's models, from the hub
     accelerate launch grpo_iif.py --filter-method influence   # several GPUs or nodes (DDP, FSDP2)
-
-Offline on a CPU, the toy task of results/grpo_toy.sh (built once, 98 s on a 2-core CPU):
-
-    python benchmarks/rlhf_toy_task.py --out results/rlhf_toy_task
-    T=results/rlhf_toy_task
+    T=results/rlhf_toy_task; python benchmarks/rlhf_toy_task.py --out $T   # offline, on a CPU:
     python grpo_iif.py --model-name $T/policy --reward-model $T/reward --dataset $T/prompts.jsonl \
-        --eval-dataset $T/wiki_toxic.jsonl --eval-reward-model $T/eval_reward --eval-samples 200 \
-        --num-generations 8 --batch-size 64 --mini-batch-size 16 --learning-rate 3e-4 --beta 0.2 \
-        --max-steps 240 --use-cpu --threads 1 --runs-dir results/runs --run-name grpo-toy__influence__1
+        --batch-size 64 --learning-rate 3e-4 --beta 0.2 --max-steps 240 --use-cpu --threads 1
 """
 import csv
 import json
@@ -51,7 +43,7 @@ class Args:
     """label of --reward-model whose raw logit is the reward"""
     dataset: str = "allenai/real-toxicity-prompts"
     """prompts: a hub dataset or a .json/.jsonl file with fields prompt.text, prompt.toxicity,
-    continuation.text"""
+    continuation.text (App. B.3: toxicity > 0.3, the first 10-15 tokens, a fifth held out)"""
     seed: int = 1
     """seed of TRL (sampling, prompt order), the prompt split and the random filter"""
     run_name: Optional[str] = None
@@ -70,18 +62,6 @@ class Args:
     logging_steps: int = 1
     """TRL logs every N optimizer steps"""
 
-    # data (App. B.3, as rlhf_iif.py)
-    min_prompt_toxicity: float = 0.3
-    """keep prompts whose toxicity score is above this"""
-    prompt_min_tokens: int = 10
-    """a prompt is the first L tokens of prompt + continuation text, L uniform in [min, max]"""
-    prompt_max_tokens: int = 15
-    """see --prompt-min-tokens"""
-    held_out_fraction: float = 0.2
-    """prompts held out of training (TRL's example split)"""
-    gen_tokens: int = 30
-    """tokens sampled per completion, fewer if EOS comes first (temperature 1, no top-k/top-p)"""
-
     # GRPO (TRL's GRPOConfig, see make_config)
     num_generations: int = 8
     """completions per prompt: one group, whose rewards are normalised together"""
@@ -95,6 +75,8 @@ class Args:
     """passes over each (filtered) generation batch (TRL's num_iterations, GRPO's mu)"""
     max_steps: Optional[int] = None
     """optimizer steps (default: one pass over the training prompts)"""
+    gen_tokens: int = 30
+    """tokens sampled per completion, fewer if EOS comes first (temperature 1, no top-k/top-p)"""
     learning_rate: float = 1e-5
     """AdamW learning rate (constant)"""
     beta: float = 0.04
@@ -121,22 +103,6 @@ class Args:
     forward_batch_size: Optional[int] = None
     """completions per scoring pass (default: 64 on a GPU, 16 on the CPU)"""
 
-    # evaluation (App. B.3, as rlhf_iif.py)
-    eval_every: int = 1
-    """test toxicity after the update of every N-th generation batch and of the last (0: never)"""
-    eval_dataset: str = "OxAISH-AL-LLM/wiki_toxic"
-    """test prompts: the toxic comments (label 1) of this dataset, a hub name or a .json/.jsonl"""
-    eval_split: str = "test"
-    """split of --eval-dataset"""
-    eval_samples: int = 400
-    """test prompts"""
-    eval_max_prompt_tokens: int = 256
-    """a test prompt is the whole comment, cut to its last N tokens"""
-    eval_reward_model: str = "DaNLP/da-electra-hatespeech-detection"
-    """a second toxicity classifier; the test toxicity is its mean --eval-toxic-label probability"""
-    eval_toxic_label: str = "offensive"
-    """label of --eval-reward-model that means toxic"""
-
 
 def make_config(args, **kw):
     """GRPO's settings (kw: others of GRPOConfig). GRPOConfig's own defaults differ from
@@ -162,13 +128,10 @@ def make_config(args, **kw):
 
 
 # ---- The reward (App. B.3), and a completion's log-probabilities and GRPO loss (TRL's) ----
-def make_reward_fn(rm):
-    """The reward of a completion: the classifier's label logit on the completion alone"""
-    model, tok, label = rm
-
-    def label_logit(prompts, completions, **kwargs):  # TRL logs it as rewards/label_logit/mean
+def make_reward_fn(model, tok, label):
+    def label_logit(prompts, completions, **kwargs):  # the label's logit on the completion alone
         return classify(model, tok, completions)[:, label].tolist()
-    return label_logit
+    return label_logit  # TRL logs its mean as rewards/label_logit/mean
 
 
 @torch.no_grad()
@@ -194,9 +157,8 @@ def completion_logprobs(model, b, idx, params=None, bf16=False):
 
 def completion_losses(model, b, idx, args, params=None, logp=None):
     """Per-completion GRPO loss l_i (TRL's "dapo" loss): the token sum of the clipped surrogate and
-    of beta x the k3 estimate of KL(pi || pi_ref) times the ratio (TRL's use_bias_correction_kl),
-    over the generation batch's token count; summed over a generation batch, the loss of one step
-    on all of it. logp: these completions' log-probs, if already computed."""
+    of beta x the k3 estimate of KL(pi || pi_ref) times the ratio (use_bias_correction_kl), over the
+    generation batch's token count; summed over the batch, the loss of one step on all of it."""
     if logp is None:
         logp = completion_logprobs(model, b, idx, params, args.dtype == "bfloat16")
     m = b["completion_mask"][idx]
@@ -211,8 +173,7 @@ def completion_losses(model, b, idx, args, params=None, logp=None):
 
 # ---- Stage II of Alg. 1: the target f, the influence of every completion, the filter ----
 def target(model, t, idx, args, world=1, logp=None):
-    """f on target completions idx of this process; summed over every batch of t and over the
-    world processes' shares, it is f(theta) on the whole target set"""
+    """f on target completions idx; summed over t's batches and the world processes' shares: f"""
     if logp is None:
         logp = completion_logprobs(model, t, idx, bf16=args.dtype == "bfloat16")
     if args.target == "f_seq":  # Sec. 5.3: mean over completions of A_hat log pi(y|x)
@@ -245,12 +206,11 @@ def influence_forward_mode(model, b, t, args, world=1, all_sum=lambda g: g):
 def influence(model, b, t, args, world=1, all_sum=lambda g: g):
     """The same scores, fast, from LoRA layers' activations (influence_forward_mode otherwise). A
     linear layer y = W x gets from one completion the gradient sum_s dy_s x_s^T over its tokens s,
-    so <G, grad_W l_i> = sum_s dy_s^T G x_s, G = grad_W f. No parameter is read, so sharded ones
-    (FSDP, ZeRO-3) give the same scores; the processes exchange only G, LoRA-sized. Target on the
-    batch: one forward and one backward pass of the losses (row i of dy is l_i's alone) give every
-    g_i, kept until G is complete. With beta = 0 or f_loss, G is a multiple of the sum of the g_i
-    at theta(k), where the ratio is 1: no other pass; otherwise a second backward pass, of f, gives
-    G. With another target t, or gradients too large to keep: a pass over t for G, then over b."""
+    so <G, grad_W l_i> = sum_s dy_s^T G x_s, G = grad_W f. No parameter is read (sharded ones give
+    the same scores); processes exchange only G. Target on the batch: one forward and backward pass
+    of the losses gives every g_i (row i of dy is l_i's alone); with beta = 0 or f_loss, G is a
+    multiple of their sum at theta(k), else a second backward pass, of f, gives it. Another target
+    t, or gradients too large to keep: a pass over t for G, then one over b."""
     layers = trained_linears(model)
     if layers is None:
         return influence_forward_mode(model, b, t, args, world=world, all_sum=all_sum)
@@ -286,8 +246,8 @@ def influence(model, b, t, args, world=1, all_sum=lambda g: g):
         if not proportional:  # f's share of G, from the same forward pass
             G = add_to_G(G, io, grad(target(model, b, idx, args, world, logp=logp), io))
     if one_pass:
-        if proportional:  # at theta(k): grad f_seq = -(tokens / (n x processes)) sum_i grad l_i
-            # when beta = 0, and f_loss = -sum_i l_i
+        if proportional:  # at theta(k), ratio 1: grad f_seq = -(tokens / (n x processes)) x
+            # sum_i grad l_i when beta = 0, and f_loss = -sum_i l_i
             c = -1.0 if args.target == "f_loss" else -float(b["num_items_in_batch"]) / (
                 len(b["advantages"]) * world)
             G = [c * sum(gs[j].sum(0) for gs in grads) for j in range(len(layers))]
@@ -297,9 +257,8 @@ def influence(model, b, t, args, world=1, all_sum=lambda g: g):
 
 
 def filter_records(scores, method, p, gen):
-    """Stage II of Alg. 1: the kept mask, on the scores' device. 'influence' drops every completion
-    with influence <= 0 (p None), or the floor(p x n_negative) most negative ones, ties broken by
-    buffer order; 'random' drops as many uniformly at random."""
+    """The kept mask. 'influence' drops every completion with influence <= 0 (p None), or the
+    floor(p x n_negative) most negative, ties by buffer order; 'random' as many at random."""
     kept = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
     n_drop = int((scores <= 0).sum()) if p is None else int(p * int((scores < 0).sum()) + 1e-9)
     if method == "influence":
@@ -311,13 +270,10 @@ def filter_records(scores, method, p, gen):
 
 
 def keep_only(trainer, b, kept):
-    """This process's share of the generation batch without the dropped completions, so that TRL's
-    update never computes them (it costs the kept fraction of its time). TRL still splits it into
-    its steps_per_generation micro-batches (the optimizer steps are unchanged) and the "dapo" loss
-    normaliser counts the kept tokens of every process. Every process keeps as many rows as the one
-    with most kept completions, rounded up to whole micro-batches, so all make the same passes
-    together (DDP, FSDP): the rows added are dropped completions with their mask zeroed, which
-    leaves the loss, as TRL's mask_truncated_completions does."""
+    """This process's share of b without the dropped completions, so TRL's update never computes
+    them; its steps and the "dapo" normaliser (the kept tokens) stay right. Every process keeps as
+    many rows as the one with most kept, rounded up to whole micro-batches, so all make the same
+    passes (DDP, FSDP): the rows added are dropped ones with their mask zeroed."""
     acc = trainer.accelerator
     per_process = kept.view(acc.num_processes, -1)  # the same on every process
     mine = per_process[acc.process_index]
@@ -336,16 +292,12 @@ class IIFGRPOTrainer(GRPOTrainer):
     private methods of TRL 1.16's GRPOTrainer (tests/test_grpo.py pins them):
     _generate_and_score_completions (Alg. 1), _generate and _calculate_rewards (timing, rewards)."""
 
-    def __init__(self, *a, iif_args, evaluation=None, held_rows=(), **kw):
+    def __init__(self, *a, iif_args, **kw):
         super().__init__(*a, **kw)
-        self.iif_args = iif_args
-        self.evaluation = evaluation  # (test classifier, test prompts' token ids), or None
-        self.held_rows = list(held_rows)  # prompts held out of training
+        self.iif_args, self.columns = iif_args, METRICS
         self.iif_gen = torch.Generator().manual_seed(iif_args.seed)  # the same on every process
         self.n_rounds, self.row, self.writer = 0, None, None  # writer: on the main process
         self.t_gen, self.rewards = 0.0, None  # the generation batch's generation time and rewards
-        self.columns, self.test_column = METRICS, "eval_toxicity"
-        self.sharded = self.accelerator.distributed_type.value in ("FSDP", "DEEPSPEED")
         # optimizer steps a generation batch is trained for; its metrics.csv row follows the last
         self.steps_per_batch = (self.args.steps_per_generation * self.num_iterations
                                 // self.args.gradient_accumulation_steps)
@@ -388,9 +340,8 @@ class IIFGRPOTrainer(GRPOTrainer):
         return b
 
     def score_and_filter(self, b, t=None):
-        """Every process scores its share of b against the target completions t (default: b itself)
-        at theta(k); the scores of the whole generation batch are gathered, in process order, and
-        filtered. Returns the kept mask and the scores (None for --filter-method none)."""
+        """Every process scores its share of b against the target completions t (default: b) at
+        theta(k); all scores, gathered, are filtered. Returns the kept mask and the scores."""
         args, acc = self.iif_args, self.accelerator
         if args.filter_method == "none":
             return torch.ones(len(self.rewards), dtype=torch.bool), None
@@ -402,17 +353,15 @@ class IIFGRPOTrainer(GRPOTrainer):
             fail(f"generation batch {self.n_rounds}: non-finite influence; lower --learning-rate")
         return filter_records(scores, args.filter_method, args.filter_p, self.iif_gen), scores
 
-    def test_metric(self):
-        """App. B.3's test toxicity. Every process samples an equal share of the test prompts (the
-        last one repeated to even them out, and left out of the mean) with its own seed."""
-        acc = self.accelerator
-        clf, queries = self.evaluation
-        n = -(-len(queries) // acc.num_processes)
-        mine = (queries + queries[-1:] * n)[acc.process_index * n:][:n]
-        texts = sample(acc.unwrap_model(self.model), mine, self.processing_class, self.iif_args,
-                       acc.process_index, self.sharded)
-        p = classify(clf[0], clf[1], texts).softmax(-1)[:, clf[2]]
-        return acc.gather(p.to(acc.device))[:len(queries)].mean().item()
+    def write_row(self, r):
+        """The generation batch's metrics.csv row, flushed, and its progress line"""
+        if self.writer is not None:
+            self.writer[0].writerow(r)
+            self.writer[1].flush()
+            test = "".join(f" test {k[5:]} {v:.3f}" for k, v in r.items() if k[:5] == "eval_")
+            print(f"generation batch {r['round']} reward {r['reward_mean']:.3f} | kept "
+                  f"{r['n_kept']}/{r['completions']}{test} | s: generate {r['t_generate']:.1f} "
+                  f"influence {r['t_influence']:.1f} optim {r['t_optim']:.1f}", flush=True)
 
 
 class WriteRow(TrainerCallback):
@@ -422,37 +371,12 @@ class WriteRow(TrainerCallback):
         self.trainer = trainer
 
     def on_step_end(self, args, state, control, **kw):
-        last = state.global_step >= state.max_steps
-        if state.global_step % self.trainer.steps_per_batch == 0 or last:
-            write_row(self.trainer, last)
-
-
-@torch.no_grad()
-def sample(model, queries, tokenizer, args, rank=0, synced=False, bs=64):
-    """Continuations of the token-id queries, sampled from pi_theta itself as in training, each up
-    to its first EOS; a fixed seed per process, training's random state untouched. Under FSDP or
-    DeepSpeed every process keeps stepping until all have finished (synced_gpus)."""
-    device = next(model.parameters()).device
-    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    texts = []
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(args.seed + 10_000 + rank)
-        for i in range(0, len(queries), bs):
-            q = queries[i:i + bs]
-            P = max(map(len, q))
-            ids = torch.tensor([[pad] * (P - len(x)) + x for x in q])  # left-padded
-            attn = torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in q])
-            out = model.generate(  # every sampling knob a generation_config may set, neutralised
-                input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=True,
-                temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
-                repetition_penalty=1.0, no_repeat_ngram_size=0, max_new_tokens=args.gen_tokens,
-                min_new_tokens=0, pad_token_id=pad, eos_token_id=eos,
-                synced_gpus=synced)[:, P:].cpu()
-            is_eos = out == eos
-            ends = torch.where(is_eos.any(1), is_eos.int().argmax(1), out.shape[1])
-            texts += [tokenizer.decode(r[:n], skip_special_tokens=True)
-                      for r, n in zip(out, ends.tolist())]
-    return texts
+        t = self.trainer
+        if t.row is not None and (state.global_step % t.steps_per_batch == 0
+                                  or state.global_step >= state.max_steps):
+            t.row["t_optim"] = timer() - t.t_stage2_end
+            t.write_row(t.row)
+            t.row = None
 
 
 # ---- main: TRL's training loop, Alg. 1 in every generation batch ----
@@ -470,11 +394,9 @@ def main(args, trainer=None):
         trainer.writer = open_metrics(run_dir, trainer.n_rounds, trainer.columns)
         n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {acc.device} x "
-              f"{acc.num_processes} ({acc.distributed_type.value}): generation batches of "
-              f"{args.batch_size} completions ({args.num_generations} per prompt), filter "
-              f"{args.filter_method}, target {args.target} -> {run_dir}"
-              + (f", after {trainer.n_rounds} generation batches" if trainer.n_rounds else ""),
-              flush=True)
+              f"{acc.num_processes}: generation batches of {args.batch_size} completions, filter "
+              f"{args.filter_method} -> {run_dir}" + (f", after {trainer.n_rounds} generation "
+                                                     "batches" if trainer.n_rounds else ""), flush=True)
     try:  # Alg. 1 in every generation batch, inside TRL's loop
         trainer.train()
         trainer.save_model(os.path.join(run_dir, "policy"))  # the adapter only, with LoRA
@@ -484,10 +406,8 @@ def main(args, trainer=None):
     return trainer
 
 
-# =================================================================================================
-# Everything Alg. 1 needs stands above. Below, what a first reading may skip: the scoring's
-# helpers, loading the models and data with clear errors, the flag checks and the run folder.
-# =================================================================================================
+# ==== Alg. 1 stands above. A first reading may skip what follows: the scoring's helpers, ====
+# ==== loading the models and data with clear errors, the flag checks and the run folder.   ====
 
 
 # ---- Plumbing: the scoring's helpers ----
@@ -515,8 +435,7 @@ def with_linear_io(layers, fn):
 
     def hook(i):
         def record(module, inputs, output):
-            if io[i] is not None:
-                raise RuntimeError(f"{module} ran twice in one forward pass")
+            assert io[i] is None, f"{module} ran twice in one forward pass"
             io[i] = (inputs[0].detach(), output)
         return record
     handles = [m.register_forward_hook(hook(i)) for i, m in enumerate(layers)]
@@ -544,11 +463,8 @@ def memory_for_grads(device):
 
 def take_rows(b, rows):
     """The generation batch b restricted to rows, every per-completion field of it"""
-    def take(v):
-        if v is None or isinstance(v, torch.Tensor) and v.ndim == 0:
-            return v
-        return v[rows] if isinstance(v, torch.Tensor) else [v[i] for i in rows.tolist()]
-    return {k: take(v) for k, v in b.items()}
+    return {k: v if v is None or isinstance(v, torch.Tensor) and v.ndim == 0 else v[rows]
+            if isinstance(v, torch.Tensor) else [v[i] for i in rows.tolist()] for k, v in b.items()}
 
 
 # ---- Plumbing: loading the models and data, with errors that name the flag ----
@@ -582,36 +498,24 @@ def load_prompts(args, tokenizer):
     prompts = []
     for row in rows:
         p, c = row["prompt"], row.get("continuation") or {}
-        if p.get("toxicity") is None or p["toxicity"] <= args.min_prompt_toxicity:
+        if p.get("toxicity") is None or p["toxicity"] <= 0.3:
             continue
         ids = tokenizer(p["text"] + (c.get("text") or ""))["input_ids"]
-        n = int(rng.integers(args.prompt_min_tokens, args.prompt_max_tokens + 1))
+        n = int(rng.integers(10, 16))
         if len(ids) >= n:
             prompts.append({"prompt": tokenizer.decode(ids[:n])})
     return split_rows(args, prompts, rng)
 
 
 def split_rows(args, rows, rng):
-    """Training rows and held-out rows (--held-out-fraction of them), shuffled"""
+    """Training rows and held-out rows (a fifth, as TRL's example), shuffled"""
     order = rng.permutation(len(rows))
-    n_held = int(args.held_out_fraction * len(rows))
+    n_held = int(0.2 * len(rows))
     train, held = [rows[i] for i in order[n_held:]], [rows[i] for i in order[:n_held]]
     if len(train) < args.batch_size // args.num_generations:
         fail(f"--dataset {args.dataset!r} has {len(train)} training rows, fewer than the "
              f"{args.batch_size // args.num_generations} prompts of a generation batch")
     return train, held
-
-
-def load_eval_prompts(args, tokenizer):
-    rows = load_rows("--eval-dataset", args.eval_dataset, args.eval_split)
-    if not {"comment_text", "label"} <= set(rows.column_names):
-        fail(f"--eval-dataset {args.eval_dataset!r} needs 'comment_text' and 'label' columns "
-             f"(has {rows.column_names})")
-    texts = [r["comment_text"] for r in rows if r["label"] == 1][:args.eval_samples]
-    if not texts:
-        fail(f"--eval-dataset {args.eval_dataset!r} has no toxic (label 1) rows in split "
-             f"{args.eval_split!r}")
-    return [tokenizer(t)["input_ids"][-args.eval_max_prompt_tokens:] for t in texts]
 
 
 def load_classifier(flag, name, label_flag, label):
@@ -626,52 +530,45 @@ def load_classifier(flag, name, label_flag, label):
 
 
 def make_trainer(args, dtype=None, cls=None, config=None, task=None):
-    """Load the models and data and build the trainer. dtype: the policy's weights (default:
-    bfloat16 under --dtype bfloat16 with LoRA, where they are frozen; float32 otherwise, the master
-    weights of TRL's mixed precision). cls, config, task: grpo_variants.py's trainer class, TRL
-    config and task (default: IIFGRPOTrainer, make_config(args), detox_task)."""
+    """The trainer, its models and data loaded. dtype: the policy's weights (default: bfloat16 if
+    frozen, under --dtype bfloat16 with LoRA; else float32, TRL's master weights). cls, config, task:
+    grpo_variants.py's (default: IIFGRPOTrainer, make_config(args), detox_task)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     tokenizer = load("--model-name", args.model_name, AutoTokenizer.from_pretrained)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     dtype = dtype or (torch.bfloat16 if args.dtype == "bfloat16" and args.lora else torch.float32)
     lm = load("--model-name", args.model_name, AutoModelForCausalLM.from_pretrained, dtype=dtype)
-    reward_fn, train_rows, held_rows, evaluation, models = (task or detox_task)(args, tokenizer)
-    peft_config = None
-    if args.lora:
-        from peft import LoraConfig
-        targets = args.lora_target_modules.split(",") if args.lora_target_modules else None
-        peft_config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0,
-                                 bias="none", task_type="CAUSAL_LM", target_modules=targets)
+    reward_fn, train_rows, held_rows, models = (task or detox_task)(args, tokenizer)
+    from peft import LoraConfig
+    peft_config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=0.0,
+                             bias="none", task_type="CAUSAL_LM", target_modules=(
+                                 args.lora_target_modules.split(",") if args.lora_target_modules
+                                 else None)) if args.lora else None
     try:
         trainer = (cls or IIFGRPOTrainer)(
             model=lm, reward_funcs=reward_fn, args=config or make_config(args),
             processing_class=tokenizer, train_dataset=Dataset.from_list(train_rows),
-            peft_config=peft_config, iif_args=args, evaluation=evaluation, held_rows=held_rows)
+            peft_config=peft_config, iif_args=args)
     except ValueError as e:  # peft's answer to --lora-target-modules that the model does not have
         fail(f"--lora-target-modules: {e}" if args.lora_target_modules else str(e))
-    if trainer.sharded and args.filter_method != "none" and trained_linears(trainer.model) is None:
-        fail(f"--filter-method {args.filter_method} under "
-             f"{trainer.accelerator.distributed_type.value} scores from the trained linear "
-             "layers' activations (LoRA's), as parameters may be "
-             "sharded; here other parameters train too (--no-lora, or LoRA on embeddings or "
-             "biases). Use LoRA on linear layers, DDP, or --filter-method none")
+    trainer.held_rows = held_rows  # the validation prompts of grpo_variants.py's I-PPO target
+    kind = trainer.accelerator.distributed_type.value
+    if kind in ("FSDP", "DEEPSPEED") and args.filter_method != "none" and trained_linears(
+            trainer.model) is None:
+        fail(f"--filter-method {args.filter_method} under {kind} scores from the trained linear "
+             "layers' activations (LoRA's), as parameters may be sharded; here other parameters "
+             "train too (--no-lora, or LoRA on embeddings or biases). Use LoRA on linear layers, "
+             "DDP, or --filter-method none")
     for m in models:  # the classifiers, onto the trainer's device
         m.to(trainer.accelerator.device)
     return trainer
 
 
 def detox_task(args, tokenizer):
-    """The reward function, the training and held-out rows, the evaluation (or None) and the
-    classifiers"""
+    """The reward function, the training and held-out rows, and the models it runs"""
     rm = load_classifier("--reward-model", args.reward_model, "--reward-label", args.reward_label)
-    train, held = load_prompts(args, tokenizer)
-    if not args.eval_every:
-        return make_reward_fn(rm), train, held, None, [rm[0]]
-    clf = load_classifier("--eval-reward-model", args.eval_reward_model, "--eval-toxic-label",
-                          args.eval_toxic_label)
-    evaluation = (clf, load_eval_prompts(args, tokenizer))
-    return make_reward_fn(rm), train, held, evaluation, [rm[0], clf[0]]
+    return make_reward_fn(*rm), *load_prompts(args, tokenizer), [rm[0]]
 
 
 # ---- Plumbing: the flags, the run folder and metrics.csv ----
@@ -686,38 +583,27 @@ def resolve_args(args, resuming=False):
     args.forward_batch_size = args.forward_batch_size or (64 if gpu else 16)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     for key in ("batch_size", "mini_batch_size", "gradient_accumulation_steps", "num_iterations",
-                "gen_tokens", "prompt_min_tokens", "forward_batch_size", "lora_r", "logging_steps",
-                "eval_samples", "eval_max_prompt_tokens", "max_steps"):
+                "gen_tokens", "forward_batch_size", "lora_r", "logging_steps", "max_steps"):
         if getattr(args, key) is not None and getattr(args, key) < 1:
             fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
-    if args.num_generations < 2:
-        fail(f"--num-generations must be at least 2 (GRPO normalises rewards within a group), "
-             f"got {args.num_generations}")
-    checks = [
+    if args.num_generations < 2:  # GRPO normalises rewards within a group
+        fail(f"--num-generations must be at least 2, got {args.num_generations}")
+    n_mini = args.batch_size // (args.mini_batch_size * world) * args.num_iterations
+    for ok, msg in [
         (args.batch_size % args.num_generations == 0, f"--batch-size ({args.batch_size}) must be "
          f"a multiple of --num-generations ({args.num_generations})"),
         (args.batch_size % (args.mini_batch_size * world) == 0, f"--batch-size ({args.batch_size}) "
          f"must be a multiple of --mini-batch-size ({args.mini_batch_size}) x {world} processes"),
-        (args.batch_size // (args.mini_batch_size * world) * args.num_iterations
-         % args.gradient_accumulation_steps == 0, f"--gradient-accumulation-steps "
-         f"({args.gradient_accumulation_steps}) must divide the mini-batches a generation batch "
-         "is trained on (--batch-size / (--mini-batch-size x processes) x --num-iterations), so "
-         "that its update ends on an optimizer step"),
-        (args.prompt_max_tokens >= args.prompt_min_tokens, f"--prompt-max-tokens "
-         f"({args.prompt_max_tokens}) must be at least --prompt-min-tokens "
-         f"({args.prompt_min_tokens})"),
-        (args.eval_every >= 0, f"--eval-every must be 0 (never) or more, got {args.eval_every}"),
+        (n_mini % args.gradient_accumulation_steps == 0, f"--gradient-accumulation-steps must "
+         f"divide the {n_mini} mini-batches of a generation batch's update (--batch-size / "
+         "(--mini-batch-size x processes) x --num-iterations)"),
         (args.filter_p is None or 0 < args.filter_p <= 1,
          f"--filter-p must be in (0, 1], got {args.filter_p}"),
         (args.filter_p is None or args.filter_method in ("influence", "random"),
-         f"--filter-p sets IIF's count of dropped completions; --filter-method "
-         f"{args.filter_method} does not use it"),
-        (0 <= args.held_out_fraction < 1,
-         f"--held-out-fraction must be in [0, 1), got {args.held_out_fraction}"),
+         f"--filter-p is for --filter-method influence or random, not {args.filter_method}"),
         (args.learning_rate > 0, f"--learning-rate must be positive, got {args.learning_rate}"),
         (args.epsilon > 0, f"--epsilon must be positive, got {args.epsilon}"),
-        (args.beta >= 0, f"--beta must be at least 0, got {args.beta}")]
-    for ok, msg in checks:
+        (args.beta >= 0, f"--beta must be at least 0, got {args.beta}")]:
         if not ok:
             fail(msg)
     if args.report_to not in ("none", "all"):
@@ -740,47 +626,21 @@ def timer():
 
 
 METRICS = ["round", "step", "completions", "reward_mean", "reward_std", "n_kept", "n_negative",
-           "eval_toxicity", "t_generate", "t_forward", "t_influence", "t_optim", "t_eval"]
+           "t_generate", "t_forward", "t_influence", "t_optim"]
 
 
 def open_metrics(run_dir, n_rounds, columns):
     """metrics.csv, new, or (resuming) cut back to its first n_rounds generation batches"""
     path = os.path.join(run_dir, "metrics.csv")
     rows = [r for r in csv.DictReader(open(path)) if int(r["round"]) < n_rounds] if n_rounds else []
-    f = open(path, "w", newline="")
-    writer = csv.DictWriter(f, fieldnames=columns)
+    writer = csv.DictWriter(f := open(path, "w", newline=""), fieldnames=columns)
     writer.writeheader()
     writer.writerows(rows)
-    f.flush()
     return writer, f
 
 
-def write_row(trainer, last=False):
-    """The generation batch's metrics.csv row, flushed, with the test metric after every
-    --eval-every-th update and after the last (every process measures)"""
-    r, args = trainer.row, trainer.iif_args
-    if r is None:
-        return
-    r["t_optim"], r["t_eval"] = timer() - trainer.t_stage2_end, 0.0
-    if trainer.evaluation and ((r["round"] + 1) % args.eval_every == 0 or last):
-        t0 = timer()
-        r[trainer.test_column] = trainer.test_metric()
-        r["t_eval"] = timer() - t0
-    if trainer.writer is not None:
-        trainer.writer[0].writerow(r)
-        trainer.writer[1].flush()
-        key = trainer.test_column
-        test = f" test {key[5:]} {r[key]:.3f}" if key in r else ""
-        print(f"generation batch {r['round']} reward {r['reward_mean']:.3f} | kept {r['n_kept']}/"
-              f"{r['completions']}{test} | s: generate {r['t_generate']:.1f} forward "
-              f"{r['t_forward']:.1f} influence {r['t_influence']:.1f} optim {r['t_optim']:.1f}",
-              flush=True)
-    trainer.row = None
-
-
 def run_cli(args, main):
-    """main(args); Ctrl-C keeps every finished generation batch, and several processes
-    (accelerate launch, torchrun) leave together"""
+    """main(args); Ctrl-C keeps every finished generation batch; several processes leave together"""
     try:
         main(args)
     except KeyboardInterrupt:

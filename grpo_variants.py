@@ -1,13 +1,16 @@
 """grpo_iif.py with the variants the comparison in docs/grpo.md runs, and the options of long runs.
 
 grpo_iif.py is Alg. 1 with GRPO as the learner. This file imports its pieces and adds:
+- the test metric after every --eval-every-th update: App. B.3's test toxicity (a second
+  classifier on continuations of held-out toxic comments), or a verifiable task's test accuracy;
 - the cheap filters GRPO users apply, on rewards or advantages alone: --filter-method
   zero-variance (DAPO), max-variance (PODS), abs-advantage (CPPO), with --keep-fraction;
 - I-PPO's validation target ("Learning from the Right Rollouts", 2026): --target-data validation
   scores against fresh completions of --validation-size held-out prompts;
 - a verifiable task: --reward-fn exact-answer (GSM8K's fields, reward 1 or 0, test accuracy);
 - long runs: TRL's checkpoints (--save-steps) and --resume-from-checkpoint.
-With none of these set it writes what grpo_iif.py writes (results/grpo_rerun_check.py checks it).
+With --eval-every 0 and none of the others it writes what grpo_iif.py writes (results/
+grpo_rerun_check.py checks both files against the single file they were split from).
 
     python grpo_variants.py --filter-method max-variance --keep-fraction 0.5 ...
     python grpo_variants.py --filter-method influence --target-data validation ...   # I-PPO
@@ -25,11 +28,28 @@ import torch
 import tyro
 
 import grpo_iif
-from grpo_iif import fail, load_rows, sample
+from grpo_iif import fail, load_rows, timer
 
 
 @dataclass
 class Args(grpo_iif.Args):
+    # the test metric (App. B.3, as rlhf_iif.py)
+    eval_every: int = 1
+    """test metric after the update of every N-th generation batch and of the last (0: never)"""
+    eval_dataset: str = "OxAISH-AL-LLM/wiki_toxic"
+    """test prompts: the toxic comments (label 1) of this dataset, a hub name or a .json/.jsonl"""
+    eval_split: str = "test"
+    """split of --eval-dataset"""
+    eval_samples: int = 400
+    """test prompts"""
+    eval_max_prompt_tokens: int = 256
+    """a test prompt is the whole comment, cut to its last N tokens"""
+    eval_reward_model: str = "DaNLP/da-electra-hatespeech-detection"
+    """a second toxicity classifier; the test toxicity is its mean --eval-toxic-label probability"""
+    eval_toxic_label: str = "offensive"
+    """label of --eval-reward-model that means toxic"""
+
+    # the variants
     filter_method: Literal["influence", "random", "zero-variance", "max-variance", "abs-advantage",
                            "none"] = "influence"
     """influence: IIF; random: drop as many completions as IIF would, at random; zero-variance:
@@ -125,24 +145,72 @@ def load_question_rows(flag, name, split, args):
     return rows
 
 
-def answer_task(args, tokenizer):
-    """grpo_iif.make_trainer's task for --reward-fn exact-answer: TRL's rows {"prompt", "answer"}
-    (TRL hands the answer column to the reward function), training and held-out; the test
-    questions (the first --eval-samples of --eval-dataset, tokenized as TRL tokenizes prompts) and
-    their answers"""
+def answer_rows(args):
+    """TRL's rows {"prompt", "answer"} (TRL hands the answer column to the reward function),
+    training and held-out"""
     rows = load_question_rows("--dataset", args.dataset, "train", args)
     rows = [{"prompt": question_prompt(args, r["question"]), "answer": r["answer"]} for r in rows]
-    train, held = grpo_iif.split_rows(args, rows, np.random.default_rng(args.seed))
-    evaluation = None
-    if args.eval_every:
+    return grpo_iif.split_rows(args, rows, np.random.default_rng(args.seed))
+
+
+# ---- The test metric (App. B.3): continuations of test prompts, sampled as in training ----
+def load_evaluation(args, tokenizer):
+    """The test prompts' token ids, their references and score(texts, references), a value per
+    text; and the models it runs. Toxicity: the toxic comments of --eval-dataset, each cut to its
+    last --eval-max-prompt-tokens tokens, and the second classifier's toxic-label probability.
+    exact-answer: the first --eval-samples questions (tokenized as TRL tokenizes prompts), and 1
+    for a right answer, else 0."""
+    if args.reward_fn == "exact-answer":
         rows = load_question_rows("--eval-dataset", args.eval_dataset, args.eval_split, args)
         rows = rows.select(range(min(args.eval_samples, len(rows))))
         texts = [tokenizer.apply_chat_template(question_prompt(args, q), tokenize=False,
                                                add_generation_prompt=True) if args.chat else q
                  for q in rows["question"]]
-        evaluation = (None, [tokenizer(t, add_special_tokens=False)["input_ids"][
-            -args.eval_max_prompt_tokens:] for t in texts], list(rows["answer"]))
-    return exact_answer, train, held, evaluation, []
+        queries = [tokenizer(t, add_special_tokens=False)["input_ids"][-args.eval_max_prompt_tokens:]
+                   for t in texts]
+        return (queries, list(rows["answer"]), lambda texts, answers: torch.tensor(
+            [float(is_right(t, a)) for t, a in zip(texts, answers)])), []
+    model, tok, toxic = grpo_iif.load_classifier("--eval-reward-model", args.eval_reward_model,
+                                                 "--eval-toxic-label", args.eval_toxic_label)
+    rows = load_rows("--eval-dataset", args.eval_dataset, args.eval_split)
+    if not {"comment_text", "label"} <= set(rows.column_names):
+        fail(f"--eval-dataset {args.eval_dataset!r} needs 'comment_text' and 'label' columns "
+             f"(has {rows.column_names})")
+    texts = [r["comment_text"] for r in rows if r["label"] == 1][:args.eval_samples]
+    if not texts:
+        fail(f"--eval-dataset {args.eval_dataset!r} has no toxic (label 1) rows in split "
+             f"{args.eval_split!r}")
+    queries = [tokenizer(t)["input_ids"][-args.eval_max_prompt_tokens:] for t in texts]
+    return (queries, [None] * len(queries), lambda texts, _: grpo_iif.classify(
+        model, tok, texts).softmax(-1)[:, toxic]), [model]
+
+
+@torch.no_grad()
+def sample(model, queries, tokenizer, args, rank=0, synced=False, bs=64):
+    """Continuations of the token-id queries, sampled from pi_theta itself as in training, each up
+    to its first EOS; a fixed seed per process, training's random state untouched. Under FSDP or
+    DeepSpeed every process keeps stepping until all have finished (synced_gpus)."""
+    device = next(model.parameters()).device
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+    texts = []
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(args.seed + 10_000 + rank)
+        for i in range(0, len(queries), bs):
+            q = queries[i:i + bs]
+            P = max(map(len, q))
+            ids = torch.tensor([[pad] * (P - len(x)) + x for x in q])  # left-padded
+            attn = torch.tensor([[0] * (P - len(x)) + [1] * len(x) for x in q])
+            out = model.generate(  # every sampling knob a generation_config may set, neutralised
+                input_ids=ids.to(device), attention_mask=attn.to(device), do_sample=True,
+                temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
+                repetition_penalty=1.0, no_repeat_ngram_size=0, max_new_tokens=args.gen_tokens,
+                min_new_tokens=0, pad_token_id=pad, eos_token_id=eos,
+                synced_gpus=synced)[:, P:].cpu()
+            is_eos = out == eos
+            ends = torch.where(is_eos.any(1), is_eos.int().argmax(1), out.shape[1])
+            texts += [tokenizer.decode(r[:n], skip_special_tokens=True)
+                      for r, n in zip(out, ends.tolist())]
+    return texts
 
 
 # ---- The trainer: the cheap filters, the validation target, the test accuracy, checkpoints ----
@@ -150,10 +218,10 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
         args = self.iif_args
-        if args.reward_fn == "exact-answer":
-            i = grpo_iif.METRICS.index("eval_toxicity") + 1  # the test accuracy's column next to it
-            self.columns = grpo_iif.METRICS[:i] + ["eval_accuracy"] + grpo_iif.METRICS[i:]
-            self.test_column = "eval_accuracy"
+        self.evaluation = None  # load_evaluation's test set, set by make_trainer
+        self.test_column = "eval_accuracy" if args.reward_fn == "exact-answer" else "eval_toxicity"
+        i = self.columns.index("n_negative") + 1
+        self.columns = self.columns[:i] + [self.test_column] + self.columns[i:] + ["t_eval"]
         if args.resume_from_checkpoint:  # the generation batches done, the random filter's state
             state = torch.load(os.path.join(args.resume_from_checkpoint, "iif_state.pt"))
             self.n_rounds = state["n_rounds"]
@@ -189,19 +257,30 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
             (self._metrics["train"], self._logs, self.state.num_input_tokens_seen,
              self.rewards) = saved
 
+    def write_row(self, r):
+        """The row with the test metric after every --eval-every-th update and after the last
+        (every process measures)"""
+        r["t_eval"] = 0.0
+        last = self.state.global_step >= self.state.max_steps
+        if self.evaluation and ((r["round"] + 1) % self.iif_args.eval_every == 0 or last):
+            t0 = timer()
+            r[self.test_column] = self.test_metric()
+            r["t_eval"] = timer() - t0
+        super().write_row(r)
+
     def test_metric(self):
-        """The test toxicity, or with exact-answer the test accuracy: the fraction of sampled
-        answers (temperature 1, a pass@1 estimate) that the checker passes"""
-        if self.iif_args.reward_fn != "exact-answer":
-            return super().test_metric()
+        """The mean score of sampled continuations of the test prompts: the test toxicity, or the
+        test accuracy (temperature 1: a pass@1 estimate). Every process samples an equal share
+        (the last prompt repeated to even them out, and left out of the mean) with its own seed."""
         acc = self.accelerator
-        _, queries, answers = self.evaluation
+        queries, refs, score = self.evaluation
         n = -(-len(queries) // acc.num_processes)
         mine = slice(acc.process_index * n, (acc.process_index + 1) * n)
         texts = sample(acc.unwrap_model(self.model), (queries + queries[-1:] * n)[mine],
-                       self.processing_class, self.iif_args, acc.process_index, self.sharded)
-        right = [float(is_right(t, a)) for t, a in zip(texts, (answers + answers[-1:] * n)[mine])]
-        return acc.gather(torch.tensor(right, device=acc.device))[:len(queries)].mean().item()
+                       self.processing_class, self.iif_args, acc.process_index,
+                       acc.distributed_type.value in ("FSDP", "DEEPSPEED"))
+        values = score(texts, (refs + refs[-1:] * n)[mine])
+        return acc.gather(values.to(acc.device))[:len(queries)].mean().item()
 
     def train(self, **kw):
         return super().train(resume_from_checkpoint=self.iif_args.resume_from_checkpoint, **kw)
@@ -216,15 +295,25 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
 
 
 def make_trainer(args, dtype=None):
-    def task(args, tokenizer):  # grpo_iif.make_trainer's, and enough held-out prompts
-        load = answer_task if args.reward_fn == "exact-answer" else grpo_iif.detox_task
-        out = load(args, tokenizer)
-        if args.target_data == "validation" and len(out[2]) < args.validation_size:
-            fail(f"--validation-size {args.validation_size}: only {len(out[2])} held-out prompts "
-                 f"(--held-out-fraction {args.held_out_fraction})")
-        return out
+    evaluation = []
+
+    def task(args, tokenizer):  # grpo_iif.make_trainer's, with enough held-out prompts, and the test
+        if args.reward_fn == "exact-answer":
+            reward_fn, (train, held), models = exact_answer, answer_rows(args), []
+        else:
+            reward_fn, train, held, models = grpo_iif.detox_task(args, tokenizer)
+        if args.eval_every:
+            test, test_models = load_evaluation(args, tokenizer)
+            evaluation.append(test)
+            models = models + test_models
+        if args.target_data == "validation" and len(held) < args.validation_size:
+            fail(f"--validation-size {args.validation_size}: only {len(held)} held-out prompts "
+                 "(a fifth of --dataset's)")
+        return reward_fn, train, held, models
     save = dict(save_strategy="steps", save_steps=args.save_steps) if args.save_steps else {}
-    return grpo_iif.make_trainer(args, dtype, Trainer, grpo_iif.make_config(args, **save), task)
+    trainer = grpo_iif.make_trainer(args, dtype, Trainer, grpo_iif.make_config(args, **save), task)
+    trainer.evaluation = evaluation[0] if evaluation else None
+    return trainer
 
 
 def main(args, dtype=None):
@@ -238,6 +327,9 @@ def resolve_args(args):
     cheap = args.filter_method in ("max-variance", "abs-advantage")
     steps = args.batch_size // (args.mini_batch_size * world) * args.num_iterations
     checks = [
+        (args.eval_every >= 0, f"--eval-every must be 0 (never) or more, got {args.eval_every}"),
+        (args.eval_samples >= 1 and args.eval_max_prompt_tokens >= 1,
+         "--eval-samples and --eval-max-prompt-tokens must be at least 1"),
         (args.keep_fraction is not None or not cheap, f"--filter-method {args.filter_method} keeps "
          "--keep-fraction of each group: set it (e.g. to IIF's mean kept fraction on the task)"),
         (args.keep_fraction is None or cheap, "--keep-fraction is for --filter-method "

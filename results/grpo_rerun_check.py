@@ -6,8 +6,10 @@ flags on the tests' tiny task must give the same metrics.csv, every column but t
     python results/grpo_rerun_check.py --runs OTHER/results/runs results/runs   # two sets of runs
 
 Each configuration runs in a fresh process, once with the earlier file and once with today's pair,
-for 4 generation batches of 16 completions (4 prompts x 4) in 2 micro-batches, the test toxicity
-(or accuracy) after each. A column the earlier file wrote and today's does not must be empty there.
+for 4 generation batches of 16 completions (4 prompts x 4) in 2 micro-batches. grpo_iif.py's runs
+have no test metric (the earlier file's run gets --eval-every 0); grpo_variants.py's measure the test
+toxicity (or accuracy) after each batch. A column the earlier file wrote and today's does not must be
+empty there.
 With --runs, it compares instead the runs of results/grpo_filters.sh in two folders (a checkout of
 the earlier file running the same script, and today's), run by run.
 """
@@ -24,6 +26,7 @@ sys.path.insert(0, ROOT)
 
 CONFIGS = {  # name: (today's script, flags)
     "influence": ("grpo_iif.py", ["--filter-method", "influence"]),
+    "influence-test": ("grpo_variants.py", ["--filter-method", "influence"]),
     "random": ("grpo_iif.py", ["--filter-method", "random"]),
     "none-beta0": ("grpo_iif.py", ["--filter-method", "none", "--beta", "0"]),
     "max-variance": ("grpo_variants.py", ["--filter-method", "max-variance", "--keep-fraction", "0.5"]),
@@ -52,12 +55,14 @@ def build_task(out):
     write_rows(os.path.join(out, "add_test.jsonl"), test)
 
 
-def flags(task, runs, name, extra):
+def flags(task, runs, name, extra, test):
+    """test: the test metric's flags, or (the earlier file with none of today's test) --eval-every 0"""
     exact = "exact-answer" in extra
     return ["--model-name", f"{task}/policy", "--reward-model", f"{task}/reward",
             "--dataset", f"{task}/{'add_train.jsonl' if exact else 'prompts.jsonl'}",
-            "--eval-dataset", f"{task}/{'add_test.jsonl' if exact else 'wiki_toxic.jsonl'}",
-            "--eval-reward-model", f"{task}/eval_reward", "--eval-samples", "4", "--num-generations", "4",
+            *(["--eval-dataset", f"{task}/{'add_test.jsonl' if exact else 'wiki_toxic.jsonl'}",
+               "--eval-reward-model", f"{task}/eval_reward", "--eval-samples", "4"] if test else
+              ["--eval-every", "0"] if test is None else []), "--num-generations", "4",
             "--batch-size", "16", "--mini-batch-size", "8", "--forward-batch-size", "6",
             "--threads", "1", "--use-cpu", "--max-steps", "8", "--learning-rate", "3e-3",
             "--runs-dir", runs, "--run-name", name, *(["--gen-tokens", "6"] if not exact else []), *extra]
@@ -109,8 +114,9 @@ def main():
             script, extra = CONFIGS[name]
             out = {}
             for who, path in (("old", os.path.join(old, "grpo_iif.py")), ("new", os.path.join(ROOT, script))):
-                p = subprocess.run([sys.executable, path, *flags(task, tmp, f"{name}-{who}", extra)], cwd=ROOT,
-                                   env=env, capture_output=True, text=True)
+                test = script == "grpo_variants.py" or (False if who == "new" else None)
+                p = subprocess.run([sys.executable, path, *flags(task, tmp, f"{name}-{who}", extra, test)],
+                                   cwd=ROOT, env=env, capture_output=True, text=True)
                 if p.returncode:
                     sys.exit(f"{who} {name} failed:\n{p.stderr[-3000:]}")
                 out[who] = rows(os.path.join(tmp, f"{name}-{who}", "metrics.csv"))

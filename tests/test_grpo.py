@@ -15,17 +15,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 METHODS = ["none", "influence", "random"]
 
 
-def flags(toy, *extra):
+def flags(toy, *extra, test=False):
+    """test: grpo_variants.py's test toxicity too, on 4 test prompts"""
     return ["--model-name", str(toy / "policy"), "--reward-model", str(toy / "reward"),
-            "--dataset", str(toy / "prompts.jsonl"), "--eval-dataset", str(toy / "wiki_toxic.jsonl"),
-            "--eval-reward-model", str(toy / "eval_reward"), "--eval-samples", "4", "--num-generations", "2",
+            "--dataset", str(toy / "prompts.jsonl"), "--num-generations", "2",
+            *(["--eval-dataset", str(toy / "wiki_toxic.jsonl"), "--eval-reward-model", str(toy / "eval_reward"),
+               "--eval-samples", "4"] if test else []),
             "--batch-size", "8", "--mini-batch-size", "8", "--gen-tokens", "6", "--forward-batch-size", "3",
             "--threads", "1", "--use-cpu", "--max-steps", "2", *extra]
 
 
 def parse(toy, tmp_path, *extra, name="r", script=grpo_iif):
     return script.resolve_args(tyro.cli(script.Args, args=flags(
-        toy, "--runs-dir", str(tmp_path), "--run-name", name, *extra)))
+        toy, "--runs-dir", str(tmp_path), "--run-name", name, *extra, test=script is not grpo_iif)))
 
 
 def read_rows(run_dir):
@@ -69,7 +71,6 @@ def test_two_steps_end_to_end(runs, method):
     assert [r["round"] for r in rows] == ["0", "1"] and list(rows[0]) == grpo_iif.METRICS
     for r in rows:
         assert int(r["completions"]) == 8 and float(r["t_generate"]) > 0 and float(r["t_optim"]) > 0
-        assert 0 <= float(r["eval_toxicity"]) <= 1 and float(r["t_eval"]) > 0  # after every update
         if method == "none":
             assert int(r["n_kept"]) == 8 and r["n_negative"] == ""
         else:
@@ -82,18 +83,6 @@ def test_two_steps_end_to_end(runs, method):
     config = json.load(open(run / "config.json"))
     assert config["filter_method"] == method and config["batch_size"] == 8
     assert (run / "policy" / "adapter_config.json").exists()
-
-
-def test_eval_every_n_and_the_last_leaves_training_unchanged(runs, toy, tmp_path):
-    """--eval-every 3 over 4 generation batches measures after the third and the last; training's
-    random state is untouched by it, so the first two batches are those of the run measuring every one"""
-    torch.manual_seed(0)
-    grpo_iif.main(parse(toy, tmp_path, "--filter-method", "none", "--eval-every", "3", "--max-steps", "4"))
-    rows = read_rows(tmp_path / "r")
-    assert [r["eval_toxicity"] == "" for r in rows] == [True, True, False, False]
-    assert all(0 <= float(r["eval_toxicity"]) <= 1 for r in rows[2:]) and float(rows[0]["t_eval"]) == 0
-    every = read_rows(runs / "toy__none__1")
-    assert [r["reward_mean"] for r in rows[:2]] == [r["reward_mean"] for r in every]
 
 
 def test_analysis_rlhf_draws_grpo_runs(runs, capsys):
@@ -189,9 +178,7 @@ def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy, capsys):
                           (("--mini-batch-size", "3"), "--mini-batch-size"),
                           (("--mini-batch-size", "2", "--gradient-accumulation-steps", "3"),
                            "--gradient-accumulation-steps"),
-                          (("--reward-label", "toxic"), "'nothate'"), (("--eval-every", "-1"), "--eval-every"),
-                          (("--eval-samples", "0"), "--eval-samples"),
-                          (("--eval-toxic-label", "toxic"), "'offensive'"),
+                          (("--reward-label", "toxic"), "'nothate'"),
                           (("--lora-target-modules", "no_such_module"), "--lora-target-modules"),
                           (("--report-to", "no_such_tracker"), "--report-to")]:
         with pytest.raises(SystemExit) as e:
@@ -210,10 +197,12 @@ def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy, capsys):
                                        ("--eval-dataset", "/nonexistent/wiki_toxic.jsonl"),
                                        ("--eval-reward-model", "/nonexistent/classifier")])
 def test_unloadable_name_stops_cleanly(tmp_path, toy, flag, name):
-    args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "r")
+    import grpo_variants
+    script = grpo_variants if flag.startswith("--eval") else grpo_iif
+    args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "r", test=script is grpo_variants)
     args[args.index(flag) + 1] = name
     with pytest.raises(SystemExit) as e:
-        grpo_iif.main(grpo_iif.resolve_args(tyro.cli(grpo_iif.Args, args=args)))
+        script.main(script.resolve_args(tyro.cli(script.Args, args=args)))
     assert f"{flag} {name!r} could not be loaded" in str(e.value) and "local path" in str(e.value)
     assert not (tmp_path / "r").exists()
 

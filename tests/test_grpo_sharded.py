@@ -52,7 +52,7 @@ def test_two_processes_score_filter_and_step_as_one(toy, tmp_path, launch, extra
 
     # two processes, two generation batches (the first one is b), test toxicity after each
     cmd = [sys.executable, *LAUNCH[launch], free_port(), "tests/sharded_check.py",
-           *flags(toy, "--runs-dir", str(tmp_path / "runs"), "--run-name", "two", *extra)]
+           *flags(toy, "--runs-dir", str(tmp_path / "runs"), "--run-name", "two", *extra, test=True)]
     env = dict(os.environ, CHECK_DIR=str(tmp_path), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
                HF_DATASETS_OFFLINE="1")
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -13,7 +13,7 @@ import tyro
 
 import grpo_iif
 import grpo_variants
-from test_grpo import ROOT, flags, parse, read_rows, trainer_and_batch
+from test_grpo import ROOT, flags, parse, read_rows, runs, trainer_and_batch  # noqa: F401 (runs: a fixture)
 
 
 def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy):
@@ -24,11 +24,29 @@ def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy):
                           (("--keep-fraction", "0.5"), "--keep-fraction"),
                           (("--filter-method", "abs-advantage", "--keep-fraction", "0"), "--keep-fraction"),
                           (("--filter-method", "zero-variance", "--filter-p", "0.5"), "--filter-p"),
-                          (("--chat",), "--chat"), (("--batch-size", "7"), "--batch-size")]:
+                          (("--chat",), "--chat"), (("--batch-size", "7"), "--batch-size"),
+                          (("--eval-every", "-1"), "--eval-every"), (("--eval-samples", "0"), "--eval-samples"),
+                          (("--eval-toxic-label", "toxic"), "'offensive'")]:
         with pytest.raises(SystemExit) as e:
             grpo_variants.main(parse(toy, tmp_path, *extra, script=grpo_variants))
         assert needle in str(e.value), (extra, e.value)
         assert not (tmp_path / "r").exists()
+
+
+def test_test_toxicity_every_n_and_after_the_last_leaves_training_unchanged(runs, toy, tmp_path):
+    """--eval-every 3 over 4 generation batches measures after the third and the last. Its sampling leaves
+    training's random state untouched, so the first two batches are grpo_iif.py's (the runs fixture's plain
+    GRPO run), every column but the timings"""
+    torch.manual_seed(0)
+    grpo_variants.main(parse(toy, tmp_path, "--filter-method", "none", "--eval-every", "3", "--max-steps", "4",
+                             script=grpo_variants))
+    rows, core = read_rows(tmp_path / "r"), read_rows(runs / "toy__none__1")
+    assert list(rows[0]) == grpo_iif.METRICS[:7] + ["eval_toxicity"] + grpo_iif.METRICS[7:] + ["t_eval"]
+    assert [r["eval_toxicity"] == "" for r in rows] == [True, True, False, False]
+    assert all(0 <= float(r["eval_toxicity"]) <= 1 and float(r["t_eval"]) > 0 for r in rows[2:])
+    assert float(rows[0]["t_eval"]) == 0
+    assert [{k: r[k] for k in core[0] if not k.startswith("t_")} for r in rows[:2]] == [
+        {k: r[k] for k in r if not k.startswith("t_")} for r in core]
 
 
 def test_validation_target_scores_the_batch_against_held_out_completions(toy, tmp_path):
@@ -50,7 +68,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(toy, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
 
     def cmd(name, steps, *extra):  # random filtering: its generator's state must come back too
-        return [sys.executable, os.path.join(ROOT, "grpo_variants.py"), *flags(toy, "--runs-dir", str(tmp_path)),
+        return [sys.executable, os.path.join(ROOT, "grpo_variants.py"), *flags(toy, "--runs-dir", str(tmp_path), test=True),
                 "--run-name", name, "--max-steps", str(steps), "--filter-method", "random", "--eval-every", "0",
                 "--save-steps", "4", *extra]
     subprocess.run(cmd("whole", 6), env=env, check=True, capture_output=True, timeout=300)
@@ -143,7 +161,7 @@ def test_exact_answer_task_end_to_end(toy, tmp_path, chat):
     write_rows(tmp_path / "train.jsonl", train[:60])
     write_rows(tmp_path / "test.jsonl", test)
     args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "add", "--reward-fn", "exact-answer",
-                 "--filter-method", "zero-variance", "--gen-tokens", "4", *["--chat"] * chat)
+                 "--filter-method", "zero-variance", "--gen-tokens", "4", *["--chat"] * chat, test=True)
     args[args.index("--dataset") + 1] = str(tmp_path / "train.jsonl")
     args[args.index("--eval-dataset") + 1] = str(tmp_path / "test.jsonl")
     if chat:  # the toy policy with a chat template
@@ -158,13 +176,13 @@ def test_exact_answer_task_end_to_end(toy, tmp_path, chat):
     assert question.endswith("=") and row["answer"].isdigit()
     assert row["prompt"] == ([{"role": "user", "content": question}] if chat else question)
     question = f"{test[0][0]}+{test[0][1]}="  # the first test question, as the policy sees it
-    assert trainer.processing_class.decode(trainer.evaluation[1][0]) == (
+    assert trainer.processing_class.decode(trainer.evaluation[0][0]) == (
         f"<user>{question}<assistant>" if chat else question)
     rows = read_rows(tmp_path / "add")
     assert len(rows) == 2 and list(rows[0]) == trainer.columns and "eval_accuracy" in trainer.columns
     for r in rows:
         assert float(r["reward_mean"]) == 0 and int(r["n_kept"]) == 0 and r["n_negative"] == ""
-        assert float(r["eval_accuracy"]) == 0 and r["eval_toxicity"] == ""
+        assert float(r["eval_accuracy"]) == 0 and float(r["t_eval"]) > 0
 
 
 def test_cheap_filters_keep_their_input_device():
