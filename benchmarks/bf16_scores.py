@@ -79,7 +79,7 @@ def rlhf_rows(task, rounds, buffers, tmp):
 def grpo_flags(task, *extra):  # results/grpo_toy.sh's settings
     return ["--model-name", f"{task}/policy", "--reward-model", f"{task}/reward", "--dataset", f"{task}/prompts.jsonl",
             "--num-generations", "8", "--batch-size", "64", "--mini-batch-size", "16", "--learning-rate", "3e-4",
-            "--beta", "0.2", "--use-cpu", "--eval-every", "0", "--logging-steps", "1000", *extra]
+            "--beta", "0.2", "--use-cpu", "--logging-steps", "1000", *extra]
 
 
 def grpo_rows(task, rounds, buffers, tmp):

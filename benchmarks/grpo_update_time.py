@@ -46,7 +46,7 @@ def main():
     t = a.task
     flags = ["--model-name", f"{t}/policy", "--reward-model", f"{t}/reward", "--dataset", f"{t}/prompts.jsonl",
              "--num-generations", "8", "--batch-size", "64", "--mini-batch-size", "16", "--beta", "0.2",
-             "--use-cpu", "--eval-every", "0", "--runs-dir", "/nonexistent", "--filter-method", "none"]
+             "--use-cpu", "--runs-dir", "/nonexistent", "--filter-method", "none"]
     args = grpo_iif.resolve_args(tyro.cli(grpo_iif.Args, args=flags))
     trainer = grpo_iif.make_trainer(args)
     trainer.model.train()

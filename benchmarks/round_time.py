@@ -61,14 +61,14 @@ def libraries():
 
 def run(script, root, method, rep, a):
     common = ["--model-name", os.path.join(root, "policy"), "--reward-model", os.path.join(root, "reward"),
-              "--dataset", os.path.join(root, "prompts.jsonl"), "--eval-every", "0", "--filter-method", method,
+              "--dataset", os.path.join(root, "prompts.jsonl"), "--filter-method", method,
               "--batch-size", str(a.batch_size), "--gen-tokens", str(a.gen_tokens), "--runs-dir",
               os.path.join(root, "runs"), "--run-name", f"{method}_{rep}",
               *(["--threads", str(a.threads)] if a.threads else []), *(["--dtype", a.dtype] if a.dtype else []),
               *(["--forward-batch-size", str(a.forward_batch_size)] if a.forward_batch_size else [])]
     if script.__name__ == "rlhf_iif":
         flags = [*common, "--mini-batch-size", "1", "--ppo-epochs", "4", "--rounds", str(a.rounds),
-                 "--device", a.device]
+                 "--device", a.device, "--eval-every", "0"]
     else:
         steps = a.batch_size // a.mini_batch_size
         flags = [*common, "--mini-batch-size", str(a.mini_batch_size), "--num-generations", str(a.num_generations),

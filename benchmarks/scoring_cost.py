@@ -63,7 +63,7 @@ def grpo_cases(task, two_passes):
     args = grpo_iif.resolve_args(tyro.cli(grpo_iif.Args, args=[
         "--model-name", f"{task}/policy", "--reward-model", f"{task}/reward", "--dataset", f"{task}/prompts.jsonl",
         "--num-generations", "8", "--batch-size", "64", "--mini-batch-size", "16", "--beta", "0.2", "--use-cpu",
-        "--eval-every", "0", "--runs-dir", "/nonexistent", "--filter-method", "none"]))
+        "--runs-dir", "/nonexistent", "--filter-method", "none"]))
     trainer = grpo_iif.make_trainer(args)
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1

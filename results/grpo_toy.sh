@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GRPO demonstration: builds the toy task of the RLHF demonstration (benchmarks/rlhf_toy_task.py, 98 s on a
-# 2-core CPU; shared with results/rlhf_toy.sh), then runs grpo_iif.py, 60 generation batches of 64 completions
-# (8 prompts x 8) per seed, with the test toxicity after each, into results/runs/grpo-toy__<label>__<seed>/.
+# 2-core CPU; shared with results/rlhf_toy.sh), then runs grpo_variants.py (grpo_iif.py with the test
+# toxicity), 60 generation batches of 64 completions (8 prompts x 8) per seed, with the test toxicity after each,
+# into results/runs/grpo-toy__<label>__<seed>/.
 # Labels: none (plain GRPO), influence (GRPO + IIF, f_seq on the generation batch), random (as many
-# completions dropped at random), validation (IIF with f_seq on held-out prompts' completions, as I-PPO;
-# grpo_variants.py).
+# completions dropped at random), validation (IIF with f_seq on held-out prompts' completions, as I-PPO).
 # ITERS=4 makes 4 passes over each generation batch (TRL's num_iterations, GRPO's mu; 16 optimizer steps a
 # generation batch) into results/runs/grpo-toy-mu4__<label>__<seed>/.
 # CLOCK=1 repeats the runs without test evaluation, the labels of one seed side by side (one process each,
@@ -32,12 +32,11 @@ flags=(--model-name $task/policy --reward-model $task/reward --dataset $task/pro
        --num-iterations $iters --max-steps $steps --use-cpu --threads 1
        --logging-steps 100)
 for seed in $seeds; do for label in $labels; do
-  case $label in validation) method=(--filter-method influence --target-data validation --validation-size 8)
-                            script=grpo_variants.py ;;
-                 *) method=(--filter-method $label); script=grpo_iif.py ;; esac
+  case $label in validation) method=(--filter-method influence --target-data validation --validation-size 8) ;;
+                 *) method=(--filter-method $label) ;; esac
   name=${prefix}__${label}__${seed}; dir=results/runs/$name
   if [ -f $dir/metrics.csv ] && [ $(($(wc -l < $dir/metrics.csv) - 1)) -ge $batches ]; then continue; fi
   rm -rf $dir
-  python $script "${flags[@]}" "${method[@]}" --seed $seed --runs-dir results/runs --run-name $name &
+  python grpo_variants.py "${flags[@]}" "${method[@]}" --seed $seed --runs-dir results/runs --run-name $name &
   [ "$clock" = 1 ] || wait $!
 done; wait; done
