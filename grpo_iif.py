@@ -3,11 +3,11 @@ r"""GRPO with Iterative Influence-based Filtering (IIF), on TRL's GRPOTrainer, i
 The detoxification setup of rlhf_iif.py, trained with GRPO: a causal LM continues toxic prompts, a
 classifier's label logit on the continuation is the reward, and each prompt gets --num-generations
 completions whose advantages are their rewards normalised within the group. A record is one
-completion; the buffer B(k) is one generation batch. Alg. 1 runs in IIFGRPOTrainer.
-_generate_and_score_completions, once per generation batch: Stage I is TRL's generation, Stage II
-scores every completion by its influence on a target f and drops the harmful ones, Stage III is
-TRL's GRPO update on the rest. grpo_variants.py adds the test metrics, the comparison's filters,
-I-PPO's target and checkpoints; several processes stay here, as the paper's 2.7B policy needs them.
+completion; the buffer B(k) is one generation batch. Alg. 1 runs once per generation batch in
+IIFGRPOTrainer._generate_and_score_completions: Stage I is TRL's generation, Stage II scores every
+completion by its influence on a target f and drops the harmful ones, Stage III is TRL's GRPO
+update on the rest. grpo_variants.py adds the test metric, the comparison's filters, I-PPO's
+target and checkpoints; several processes stay here, as the paper's 2.7B policy needs them.
 
     python grpo_iif.py --filter-method influence              # the paper's models, from the hub
     accelerate launch grpo_iif.py --filter-method influence   # several GPUs or nodes (DDP, FSDP2)
@@ -271,9 +271,9 @@ def filter_records(scores, method, p, gen):
 
 def keep_only(trainer, b, kept):
     """This process's share of b without the dropped completions, so TRL's update never computes
-    them; its steps and the "dapo" normaliser (the kept tokens) stay right. Every process keeps as
-    many rows as the one with most kept, rounded up to whole micro-batches, so all make the same
-    passes (DDP, FSDP): the rows added are dropped ones with their mask zeroed."""
+    them; TRL's optimizer steps stay as many, and the "dapo" normaliser counts every process's kept
+    tokens. Every process keeps as many rows as the one with most kept, rounded up to whole
+    micro-batches, so all make the same passes (DDP, FSDP): rows added are dropped ones, masked."""
     acc = trainer.accelerator
     per_process = kept.view(acc.num_processes, -1)  # the same on every process
     mine = per_process[acc.process_index]
