@@ -394,9 +394,10 @@ def main(args, trainer=None):
         trainer.writer = open_metrics(run_dir, trainer.n_rounds, trainer.columns)
         n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {acc.device} x "
-              f"{acc.num_processes}: generation batches of {args.batch_size} completions, filter "
-              f"{args.filter_method} -> {run_dir}" + (f", after {trainer.n_rounds} generation "
-                                                     "batches" if trainer.n_rounds else ""), flush=True)
+              f"{acc.num_processes} ({acc.distributed_type.value}): generation batches of "
+              f"{args.batch_size}, filter {args.filter_method}, target {args.target} -> {run_dir}"
+              + (f", after {trainer.n_rounds} generation batches" if trainer.n_rounds else ""),
+              flush=True)
     try:  # Alg. 1 in every generation batch, inside TRL's loop
         trainer.train()
         trainer.save_model(os.path.join(run_dir, "policy"))  # the adapter only, with LoRA

@@ -42,6 +42,15 @@ def test_every_line_link_points_at_what_it_names():
             assert names_on(lines[line - 1], name), f"{page} links `{name}` to {script} line {line}: {lines[line - 1]!r}"
 
 
+def test_stated_line_counts_are_the_files():
+    """"`iif.py` (571 lines)" and the like, on every page, are the file's length today"""
+    stated = [(page, script, int(n.replace(",", ""))) for page in PAGES
+              for script, n in re.findall(r"`([\w/]+\.py)`\s+\(([\d,]+) lines", read(page))]
+    assert len(stated) >= 2
+    for page, script, n in stated:
+        assert len(read(script).splitlines()) == n, f"{page} says {script} has {n} lines"
+
+
 def test_stage_banners_match_whole_words():
     assert names_on("        # Stage I (Alg. 1): collect", "Stage I")
     assert not names_on("        # Stage II (Alg. 1): score", "Stage I")
