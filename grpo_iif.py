@@ -298,6 +298,7 @@ class IIFGRPOTrainer(GRPOTrainer):
         self.iif_gen = torch.Generator().manual_seed(iif_args.seed)  # the same on every process
         self.n_rounds, self.row, self.writer = 0, None, None  # writer: on the main process
         self.t_gen, self.rewards = 0.0, None  # the generation batch's generation time and rewards
+        self.sharded = self.accelerator.distributed_type.value in ("FSDP", "DEEPSPEED")
         # optimizer steps a generation batch is trained for; its metrics.csv row follows the last
         self.steps_per_batch = (self.args.steps_per_generation * self.num_iterations
                                 // self.args.gradient_accumulation_steps)
@@ -554,10 +555,9 @@ def make_trainer(args, dtype=None, cls=None, config=None, task=None):
     except ValueError as e:  # peft's answer to --lora-target-modules that the model does not have
         fail(f"--lora-target-modules: {e}" if args.lora_target_modules else str(e))
     trainer.held_rows = held_rows  # the validation prompts of grpo_variants.py's I-PPO target
-    kind = trainer.accelerator.distributed_type.value
-    if kind in ("FSDP", "DEEPSPEED") and args.filter_method != "none" and trained_linears(
-            trainer.model) is None:
-        fail(f"--filter-method {args.filter_method} under {kind} scores from the trained linear "
+    if trainer.sharded and args.filter_method != "none" and trained_linears(trainer.model) is None:
+        fail(f"--filter-method {args.filter_method} under "
+             f"{trainer.accelerator.distributed_type.value} scores from the trained linear "
              "layers' activations (LoRA's), as parameters may be sharded; here other parameters "
              "train too (--no-lora, or LoRA on embeddings or biases). Use LoRA on linear layers, "
              "DDP, or --filter-method none")

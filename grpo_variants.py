@@ -277,8 +277,7 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
         n = -(-len(queries) // acc.num_processes)
         mine = slice(acc.process_index * n, (acc.process_index + 1) * n)
         texts = sample(acc.unwrap_model(self.model), (queries + queries[-1:] * n)[mine],
-                       self.processing_class, self.iif_args, acc.process_index,
-                       acc.distributed_type.value in ("FSDP", "DEEPSPEED"))
+                       self.processing_class, self.iif_args, acc.process_index, self.sharded)
         values = score(texts, (refs + refs[-1:] * n)[mine])
         return acc.gather(values.to(acc.device))[:len(queries)].mean().item()
 
@@ -295,16 +294,16 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
 
 
 def make_trainer(args, dtype=None):
-    evaluation = []
+    evaluation = None
 
     def task(args, tokenizer):  # grpo_iif.make_trainer's, with enough held-out prompts, and the test
+        nonlocal evaluation
         if args.reward_fn == "exact-answer":
             reward_fn, (train, held), models = exact_answer, answer_rows(args), []
         else:
             reward_fn, train, held, models = grpo_iif.detox_task(args, tokenizer)
         if args.eval_every:
-            test, test_models = load_evaluation(args, tokenizer)
-            evaluation.append(test)
+            evaluation, test_models = load_evaluation(args, tokenizer)
             models = models + test_models
         if args.target_data == "validation" and len(held) < args.validation_size:
             fail(f"--validation-size {args.validation_size}: only {len(held)} held-out prompts "
@@ -312,7 +311,7 @@ def make_trainer(args, dtype=None):
         return reward_fn, train, held, models
     save = dict(save_strategy="steps", save_steps=args.save_steps) if args.save_steps else {}
     trainer = grpo_iif.make_trainer(args, dtype, Trainer, grpo_iif.make_config(args, **save), task)
-    trainer.evaluation = evaluation[0] if evaluation else None
+    trainer.evaluation = evaluation
     return trainer
 
 
