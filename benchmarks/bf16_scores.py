@@ -65,8 +65,9 @@ def rlhf_rows(task, rounds, buffers, tmp):
         p16 = rlhf_policy(args16, None)[0]
         copy_trained(p64, p16)  # one policy (LoRA's initial draw depends on the dtype loaded)
         p64.to(torch.float64)
-        rm = rlhf_iif.load_classifier("--reward-model", args64.reward_model, "--reward-label", "nothate",
-                                      torch.device("cpu"))
+        cpu = torch.device("cpu")
+        rm = rlhf_iif.make_reward_fn(*rlhf_iif.load_classifier("--reward-model", args64.reward_model, "--reward-label",
+                                                               "nothate", cpu), cpu)
         prompts = rlhf_iif.load_prompts(args64, tok)[0]
         for i in range(buffers):
             torch.manual_seed(100 + i)

@@ -4,12 +4,13 @@ timings only) and the byte-level tokenizer of benchmarks/rlhf_toy_task.py. Print
 of each run warms up) and the ratios the paper's cost claims rest on.
 
     python benchmarks/round_time.py --shape gpt-neo-2.7B --device cuda    # Table 4's setting, on a GPU
+    python benchmarks/round_time.py --shape gpt-neo-2.7B --device cuda --compile   # rlhf_iif.py --compile
     python benchmarks/round_time.py --script grpo --shape qwen2.5-0.5B --device cuda --batch-size 128 \
         --gen-tokens 128 --mini-batch-size 16 --num-generations 8
     python benchmarks/round_time.py --shape gpt-neo-125M --batch-size 32 --threads 1    # a CPU
 
 rlhf: --batch-size episodes a round, mini-batch 1, 4 epochs, LoRA r 16 on q/v (the paper's and the released
-code's); grpo: --batch-size completions a generation batch, --num-generations per prompt, --mini-batch-size a
+code's), --compile passed on; grpo: --batch-size completions a generation batch, --num-generations per prompt, --mini-batch-size a
 micro-batch, LoRA. Both at the scripts' default --dtype and --forward-batch-size for the device unless given.
 """
 import argparse
@@ -68,7 +69,7 @@ def run(script, root, method, rep, a):
               *(["--forward-batch-size", str(a.forward_batch_size)] if a.forward_batch_size else [])]
     if script.__name__ == "rlhf_iif":
         flags = [*common, "--mini-batch-size", "1", "--ppo-epochs", "4", "--rounds", str(a.rounds),
-                 "--device", a.device, "--eval-every", "0"]
+                 "--device", a.device, "--eval-every", "0", *(["--compile"] if a.compile else [])]
     else:
         steps = a.batch_size // a.mini_batch_size
         flags = [*common, "--mini-batch-size", str(a.mini_batch_size), "--num-generations", str(a.num_generations),
@@ -77,7 +78,8 @@ def run(script, root, method, rep, a):
     args = script.resolve_args(tyro.cli(script.Args, args=flags))
     script.main(args)
     with open(os.path.join(root, "runs", f"{method}_{rep}", "metrics.csv")) as f:
-        return list(csv.DictReader(f))[1:], args  # round 0 warms up
+        rows = list(csv.DictReader(f))
+    return rows[1:], rows[0], args  # round 0 warms up (and compiles)
 
 
 def main():
@@ -95,7 +97,10 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="rounds (generation batches) a run; the first warms up")
     ap.add_argument("--reps", type=int, default=2, help="alternating runs of each method")
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--compile", action="store_true", help="rlhf only: rlhf_iif.py --compile")
     a = ap.parse_args()
+    if a.compile and a.script != "rlhf":
+        ap.error("--compile is rlhf_iif.py's flag (--script rlhf)")
     if a.threads:
         torch.set_num_threads(a.threads)
     if a.script == "rlhf":
@@ -114,21 +119,26 @@ def main():
     tiny_classifier(tok, ["nothate", "hate"]).save_pretrained(os.path.join(root, "reward"))
     for name in ("policy", "reward"):
         tok.save_pretrained(os.path.join(root, name))
-    rows = {"none": [], "influence": []}
+    rows, first = {"none": [], "influence": []}, {"none": [], "influence": []}
     for rep in range(a.reps):
         for method in rows:
-            r, args = run(script, root, method, rep, a)
+            r, r0, args = run(script, root, method, rep, a)
             rows[method] += r
+            first[method].append(r0)
     med = {m: {c: float(np.median([float(r[c]) for r in rs])) for c in COLS + ["n_kept"]} for m, rs in rows.items()}
-    for m in med.values():
-        m["round"] = sum(m[c] for c in COLS)
+    for m, rs in rows.items():
+        med[m]["round"] = sum(med[m][c] for c in COLS)
+        if a.script == "rlhf":  # ms an optimizer step; the first round's extra seconds (warm-up, compile)
+            med[m]["step_ms"] = float(np.median([1e3 * float(r["t_optim"]) / int(r["n_updates"]) for r in rs]))
+            med[m]["first"] = float(np.median([sum(float(r[c]) for c in COLS) for r in first[m]])) - med[m]["round"]
     device = torch.cuda.get_device_name(a.device) if a.device.startswith("cuda") else f"CPU, {torch.get_num_threads()} threads"
     what = (f"{a.batch_size} episodes a round, mini-batch 1, 4 epochs" if a.script == "rlhf" else
             f"{a.batch_size} completions a generation batch ({a.num_generations} per prompt), micro-batches of "
             f"{a.mini_batch_size}, beta {a.beta:g}")
     print(f"{a.script}_iif.py, {a.shape} shape ({n_params / 1e9:.2f} B parameters, random weights, byte vocabulary), "
           f"{device}, {args.dtype}, forward batch {args.forward_batch_size}: {what}, LoRA r 16, "
-          f"{a.gen_tokens}-token continuations; seconds, medians over {a.reps} x {a.rounds - 1} rounds; "
+          f"{a.gen_tokens}-token continuations{', --compile' if a.compile else ''}; seconds, medians over "
+          f"{a.reps} x {a.rounds - 1} rounds; "
           f"{libraries()}\n")
     paper = a.script == "rlhf" and a.shape == "gpt-neo-2.7B"
     print("| component | standard | IIF |" + (" paper, standard | paper, IIF |" if paper else ""))
@@ -141,6 +151,11 @@ def main():
         if paper:
             line += f" {PAPER[c][1] if PAPER[c][1] is not None else '-'} | {PAPER[c][0]} |"
         print(line)
+    if a.script == "rlhf":
+        print(f"| optimiser step, ms | {med['none']['step_ms']:.1f} | {med['influence']['step_ms']:.1f} |"
+              + (" 84 (85.56 s / 1,024) | - |" if paper else ""))
+        print(f"| first round, extra s (warm-up{', compile' if a.compile else ''}) | {med['none']['first']:.1f} | "
+              f"{med['influence']['first']:.1f} |" + (" - | - |" if paper else ""))
     std, iif = med["none"], med["influence"]
     ratio = iif["t_influence"] / std["t_optim"]
     cost = (f"influence / standard's optimisation {ratio:.1%} (paper 2.2 / 85.56 = 2.6 %)" if a.script == "rlhf"

@@ -43,7 +43,9 @@ def rlhf_cases(task, two_passes):
         for n, p in policy.named_parameters():
             if "lora_B" in n:
                 p.add_(0.02 * torch.randn_like(p))
-    rm = rlhf_iif.load_classifier("--reward-model", args.reward_model, "--reward-label", "nothate", torch.device("cpu"))
+    cpu = torch.device("cpu")
+    rm = rlhf_iif.make_reward_fn(*rlhf_iif.load_classifier("--reward-model", args.reward_model, "--reward-label", "nothate",
+                                                           cpu), cpu)
     b, _ = rlhf_iif.rollout(policy, ref, rlhf_iif.load_prompts(args, tok)[0][:64], 0.2, rm, tok, args,
                             torch.device("cpu"))
     params = [p for p in policy.parameters() if p.requires_grad]

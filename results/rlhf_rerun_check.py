@@ -1,0 +1,106 @@
+"""rlhf_iif.py today against rlhf_iif.py at a git commit, on the flags of committed runs: both files run each
+run's config.json on this machine's build of its task, and their metrics.csv must agree, every column but the
+t_* timings. (The committed runs themselves are compared too, for information: a task built on another
+machine or with other library versions may differ.)
+
+    python results/rlhf_rerun_check.py --commit 84269b1 results/runs/rlhf-toy__*__[123]
+    python results/rlhf_rerun_check.py --commit 84269b1 results/runs/rlhf-toy__*__[123] --today generation_batch_size
+
+Flags today's file does not know are left out, flags it added take their defaults. --today FLAG: today's run
+takes today's default for that flag instead of the committed value (generation_batch_size: every prompt of a
+call in one generate(), so the 200 test prompts are sampled in one call instead of 64 at a time). A column that
+differs is printed with its largest difference. Runs go two at a time, each in a fresh process.
+"""
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import rlhf_iif  # noqa: E402
+
+
+def rows(path):
+    with open(path) as f:
+        return [{k: v for k, v in r.items() if not k.startswith("t_")} for r in csv.DictReader(f)]
+
+
+def flags(config, today):
+    out = []
+    for field in dataclasses.fields(rlhf_iif.Args):
+        k = field.name
+        if k not in config or k in today or config[k] is None or k in ("run_name", "runs_dir", "resume"):
+            continue
+        name = "--" + k.replace("_", "-")
+        if isinstance(config[k], bool):
+            out.append(name if config[k] else "--no-" + k.replace("_", "-"))
+        else:
+            out += [name, str(config[k])]
+    return out
+
+
+def compare(old, new):
+    if old == new:
+        return f"IDENTICAL ({len(new)} rounds)"
+    diffs = []
+    for col in old[0]:
+        pairs = [(a[col], b[col]) for a, b in zip(old, new) if a[col] != b[col]]
+        if pairs:
+            gap = (max(abs(float(a) - float(b)) for a, b in pairs) if all(a and b for a, b in pairs)
+                   else "empty against a number")
+            diffs.append(f"{col}: {len(pairs)} of {len(old)} rounds, largest difference {gap}")
+    return (f"DIFFER ({len(old)} against {len(new)} rounds)" if len(old) != len(new) else "DIFFER") + \
+        "".join(f"\n    {d}" for d in diffs)
+
+
+def run(script, config, today, out, name):
+    cmd = [sys.executable, script, *flags(config, today), "--runs-dir", out, "--run-name", name]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    return rows(os.path.join(out, name, "metrics.csv"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("runs", nargs="+")
+    ap.add_argument("--commit", required=True, help="the earlier rlhf_iif.py")
+    ap.add_argument("--today", nargs="*", default=[], help="flags (Args fields) that take today's default in "
+                                                           "today's run")
+    ap.add_argument("--jobs", type=int, default=2)
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="rlhf_rerun_")
+    old_script = os.path.join(tmp, "rlhf_iif_old.py")
+    with open(old_script, "w") as f:
+        f.write(subprocess.run(["git", "show", f"{a.commit}:rlhf_iif.py"], cwd=ROOT, check=True,
+                               capture_output=True, text=True).stdout)
+    jobs = []
+    for path in a.runs:
+        name = os.path.basename(path.rstrip("/"))
+        config = json.load(open(os.path.join(path, "config.json")))
+        jobs += [(name, "old", old_script, config, set()),
+                 (name, "today", os.path.join(ROOT, "rlhf_iif.py"), config, set(a.today))]
+    with ThreadPoolExecutor(a.jobs) as pool:
+        done = list(pool.map(lambda j: (j[0], j[1], run(j[2], j[3], j[4], os.path.join(tmp, j[1]), j[0])), jobs))
+    got = {(name, which): r for name, which, r in done}
+    print(f"rlhf_iif.py at {a.commit} against today's" + (f" (today's default for {', '.join(a.today)})"
+                                                           if a.today else "") + ":")
+    identical = 0
+    for path in a.runs:
+        name = os.path.basename(path.rstrip("/"))
+        verdict = compare(got[name, "old"], got[name, "today"])
+        identical += verdict.startswith("IDENTICAL")
+        committed = compare(rows(os.path.join(path, "metrics.csv")), got[name, "old"]).split("\n")[0]
+        print(f"{name}: {verdict}\n    (the committed run against {a.commit}'s rerun here: {committed})")
+    print(f"{identical} of {len(a.runs)} identical")
+
+
+if __name__ == "__main__":
+    main()
