@@ -5,18 +5,23 @@ grpo_iif.py is Alg. 1 with GRPO as the learner. This file imports its pieces and
   classifier on continuations of held-out toxic comments), or a verifiable task's test accuracy;
 - the cheap filters GRPO users apply, on rewards or advantages alone: --filter-method
   zero-variance (DAPO), max-variance (PODS), abs-advantage (CPPO), with --keep-fraction;
-- I-PPO's validation target ("Learning from the Right Rollouts", 2026): --target-data validation
-  scores against fresh completions of --validation-size held-out prompts;
+- I-PPO ("Learning from the Right Rollouts", 2026) with its rules, --filter-method i-ppo on a task
+  with reference answers: every completion scored against the mean log-likelihood of the reference
+  answers to --validation-size held-out questions, those scoring <= 0 dropped, the others' losses
+  weighted by score / mean kept score (docs/ippo.md); and IIF scored against fresh completions of
+  held-out prompts, --target-data validation;
 - a verifiable task: --reward-fn exact-answer (GSM8K's fields, reward 1 or 0, test accuracy);
 - long runs: TRL's checkpoints (--save-steps) and --resume-from-checkpoint.
 With --eval-every 0 and none of the others it writes what grpo_iif.py writes (results/
 grpo_rerun_check.py checks both files against the single file they were split from).
 
     python grpo_variants.py --filter-method max-variance --keep-fraction 0.5 ...
-    python grpo_variants.py --filter-method influence --target-data validation ...   # I-PPO
+    python grpo_variants.py --filter-method i-ppo --reward-fn exact-answer ...   # I-PPO
+    python grpo_variants.py --filter-method influence --target-data validation ...   # fresh-completion f
     python grpo_variants.py --reward-fn exact-answer --dataset openai/gsm8k --dataset-config main
 """
 import copy
+import dataclasses
 import os
 import re
 from collections import defaultdict
@@ -51,8 +56,9 @@ class Args(grpo_iif.Args):
 
     # the variants
     filter_method: Literal["influence", "random", "zero-variance", "max-variance", "abs-advantage",
-                           "none"] = "influence"
-    """influence: IIF; random: drop as many completions as IIF would, at random; zero-variance:
+                           "i-ppo", "none"] = "influence"
+    """influence: IIF; random: drop as many completions as IIF would, at random; i-ppo: I-PPO's
+    rules (with --reward-fn exact-answer: its reference answers); zero-variance:
     drop the groups whose rewards are all equal (DAPO's dynamic sampling without its regeneration:
     the batch shrinks); max-variance: keep the --keep-fraction of each group with the largest
     reward variance (PODS); abs-advantage: keep the --keep-fraction of each group with the largest
@@ -61,9 +67,13 @@ class Args(grpo_iif.Args):
     """max-variance and abs-advantage: keep round(fraction x --num-generations) of each group"""
     target_data: Literal["buffer", "validation"] = "buffer"
     """completions f is measured on: the generation batch, or fresh completions of
-    --validation-size held-out prompts (I-PPO)"""
+    --validation-size held-out prompts"""
     validation_size: int = 32
-    """held-out prompts (each with --num-generations completions) for --target-data validation"""
+    """held-out prompts: each with --num-generations fresh completions for --target-data
+    validation, or with its reference answer for i-ppo"""
+    reweight: bool = True
+    """i-ppo: weight each kept completion's loss by score / mean kept score (I-PPO's rule); off:
+    weight 1 (its ablation)"""
     reward_fn: Literal["classifier", "exact-answer"] = "classifier"
     """classifier: the detoxification task; exact-answer: reward 1 when the completion's last
     number is the answer, else 0, and the test accuracy: --dataset and --eval-dataset then have
@@ -232,6 +242,8 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
         if args.filter_method in ("influence", "random"):
             return super().score_and_filter(b, self.validation_batch()
                                             if args.target_data == "validation" else None)
+        if args.filter_method == "i-ppo":
+            return self.i_ppo(b)
         m = max(1, round((args.keep_fraction or 0) * n))  # max-variance and abs-advantage
         if args.filter_method == "zero-variance":
             return zero_variance(self.rewards[:, 0].cpu(), n), None
@@ -256,6 +268,52 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
         finally:
             (self._metrics["train"], self._logs, self.state.num_input_tokens_seen,
              self.rewards) = saved
+
+    def i_ppo(self, b):
+        """I-PPO's Stage II: every completion's score <grad f_sft, -grad l_i> at theta(k) (f_sft the
+        reference answers' mean log-likelihood per token: f_seq on reference_batch), the kept mask
+        (score > 0) and each kept completion's loss weight, score / mean kept score (1 with
+        --no-reweight). TRL multiplies its loss mask by a batch's "tool_mask" (0 on a tool's output
+        tokens): the weights ride on it, and keep_only takes its rows with the others."""
+        args, acc = self.iif_args, self.accelerator
+        scores = grpo_iif.influence(acc.unwrap_model(self.model), b, self.reference_batch(),
+                           dataclasses.replace(args, target="f_seq"), world=acc.num_processes,
+                           all_sum=lambda g: acc.reduce(g, reduction="sum"))
+        scores = acc.gather(scores).cpu()
+        if not torch.isfinite(scores).all():
+            fail(f"generation batch {self.n_rounds}: non-finite scores; lower --learning-rate")
+        kept = scores > 0
+        weights = kept.float()
+        if args.reweight and kept.any():
+            weights = torch.where(kept, scores / scores[kept].mean(), 0.0)
+        mine = weights.view(acc.num_processes, -1)[acc.process_index].to(acc.device)
+        b["tool_mask"] = mine[:, None] * torch.ones_like(b["completion_mask"], dtype=mine.dtype)
+        return kept, scores
+
+    def reference_batch(self):
+        """I-PPO's validation set, this process's share, in TRL's batch fields: the first
+        --validation-size held-out questions, left-padded, and their reference answers with EOS,
+        right-padded; A_hat = answers / their tokens, so that f_seq on it is the mean log-likelihood
+        per token"""
+        if getattr(self, "references", None) is None:
+            acc, tok = self.accelerator, self.processing_class
+            rows = self.held_rows[:self.iif_args.validation_size]
+            n = len(rows) // acc.num_processes
+            q = [tok(tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+                     if self.iif_args.chat else r["prompt"], add_special_tokens=False)["input_ids"]
+                 for r in rows]
+            a = [tok(r["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                 for r in rows]
+            P, T = max(map(len, q)), max(map(len, a))
+            ref = dict(prompt_ids=[[tok.pad_token_id] * (P - len(x)) + x for x in q],
+                       prompt_mask=[[0] * (P - len(x)) + [1] * len(x) for x in q],
+                       completion_ids=[x + [tok.pad_token_id] * (T - len(x)) for x in a],
+                       completion_mask=[[1] * len(x) + [0] * (T - len(x)) for x in a])
+            ref = {k: torch.tensor(v)[acc.process_index * n:][:n].to(acc.device)
+                   for k, v in ref.items()}
+            ref["advantages"] = torch.full((n,), len(rows) / sum(map(len, a)), device=acc.device)
+            self.references = ref
+        return self.references
 
     def write_row(self, r):
         """The row with the test metric after every --eval-every-th update and after the last
@@ -305,7 +363,8 @@ def make_trainer(args, dtype=None):
         if args.eval_every:
             evaluation, test_models = load_evaluation(args, tokenizer)
             models = models + test_models
-        if args.target_data == "validation" and len(held) < args.validation_size:
+        if (args.target_data == "validation" or args.filter_method == "i-ppo") \
+                and len(held) < args.validation_size:
             fail(f"--validation-size {args.validation_size}: only {len(held)} held-out prompts "
                  "(a fifth of --dataset's)")
         return reward_fn, train, held, models
@@ -340,6 +399,12 @@ def resolve_args(args):
         (args.target_data == "buffer" or args.validation_size * args.num_generations % world == 0,
          f"--validation-size ({args.validation_size}) x --num-generations must be a multiple of "
          f"the {world} processes"),
+        (args.filter_method != "i-ppo" or args.validation_size % world == 0,
+         f"--validation-size ({args.validation_size}) must be a multiple of the {world} processes"),
+        (args.filter_method != "i-ppo" or args.reward_fn == "exact-answer",
+         "--filter-method i-ppo scores against reference answers: --reward-fn exact-answer"),
+        (args.filter_method != "i-ppo" or args.target_data == "buffer",
+         "--target-data is IIF's; --filter-method i-ppo scores against its reference answers"),
         (not args.chat or args.reward_fn == "exact-answer",
          "--chat is for --reward-fn exact-answer (questions as chat messages)"),
         (args.save_steps >= 0 and args.save_steps * args.gradient_accumulation_steps % steps == 0,

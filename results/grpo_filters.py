@@ -27,12 +27,14 @@ from analysis import fmt_ci, load_runs, plt, smooth  # noqa: E402
 TASKS = [("grpo-filters-add", "2-digit addition, reward 1 or 0 (exact checker)", "eval_accuracy",
           "test accuracy"),
          ("grpo-filters-detox", "detox, classifier's reward", "eval_toxicity", "test toxicity")]
-LABELS = ["none", "influence", "random", "zero-variance", "max-variance", "abs-advantage", "i-ppo"]
+LABELS = ["none", "influence", "random", "zero-variance", "max-variance", "abs-advantage", "validation-target",
+          "i-ppo"]
 NAMES = {"none": "plain GRPO", "influence": "IIF", "random": "random", "zero-variance": "zero-variance (DAPO)",
          "max-variance": "max-variance (PODS)", "abs-advantage": "abs-advantage (CPPO)",
-         "i-ppo": "I-PPO (validation target)"}
+         "validation-target": "IIF, f on fresh validation completions", "i-ppo": "I-PPO (its rules)"}
 COLORS = {"none": "tab:blue", "influence": "tab:red", "random": "tab:gray", "zero-variance": "tab:green",
-          "max-variance": "tab:purple", "abs-advantage": "tab:orange", "i-ppo": "tab:brown"}
+          "max-variance": "tab:purple", "abs-advantage": "tab:orange", "validation-target": "tab:brown",
+          "i-ppo": "black"}
 TIMES = ("t_generate", "t_forward", "t_influence", "t_optim")
 W = 5  # generation batches in the trailing mean of the reward
 
@@ -103,23 +105,24 @@ def table(prefix, title, metric, metric_name, runs):
                     for s in done[lb]]
         print(f"| {NAMES[lb]} | " + " | ".join(f"{x:.3f}" for x in t) + f" | {sum(t):.3f} | "
               f"{fmt_ci(own, 1, '.2f')} | {fmt_ci(vs_plain, 1, '.2f')} |")
-    if "i-ppo" in labels:
-        early_stop(runs, done, metric, metric_name)
+    for lb in ("validation-target", "i-ppo"):
+        if lb in labels:
+            early_stop(runs, done, lb, metric, metric_name)
     return labels
 
 
-def early_stop(runs, done, metric, metric_name):
-    """I-PPO's "intrinsic early stop": the generation batches on which it keeps no completion, against
-    plain GRPO's peak (the batch where its trailing mean of the training reward is highest, and the
-    evaluation where its test metric is best) of the same seed"""
-    print(f"\nI-PPO's early stop (kept 0 of a generation batch), per seed; plain GRPO's peak: the batch ending its "
-          f"best trailing mean of {W} training rewards, and its best {metric_name}:\n")
+def early_stop(runs, done, label, metric, metric_name):
+    """I-PPO's "intrinsic early stop": the generation batches on which a method keeps no completion,
+    against plain GRPO's peak (the batch where its trailing mean of the training reward is highest, and
+    the evaluation where its test metric is best) of the same seed"""
+    print(f"\nThe early stop of {NAMES[label]} (kept 0 of a generation batch), per seed; plain GRPO's peak: the "
+          f"batch ending its best trailing mean of {W} training rewards, and its best {metric_name}:\n")
     print("| seed | batches kept 0 | first such batch | plain GRPO's reward peak | plain GRPO's best test | "
-          "I-PPO's fewest kept | I-PPO kept, first 10 batches | last 10 |")
+          "fewest kept | kept, first 10 batches | last 10 |")
     print("|---|---|---|---|---|---|---|---|")
     lower_is_better = metric == "eval_toxicity"
-    for s in done["i-ppo"]:
-        rows, plain = runs["i-ppo"][s], runs["none"][s]
+    for s in done[label]:
+        rows, plain = runs[label][s], runs["none"][s]
         zero = [int(r["round"]) for r in rows if r["n_kept"] == 0]
         peak = int(np.argmax(smooth([r["reward_mean"] for r in plain], W))) + W - 1
         tests = [(r[metric], r["round"]) for r in plain if not np.isnan(r[metric])]

@@ -7,9 +7,10 @@
 #          batches of 64, test accuracy on 400 held-out problems every 10 batches and after the last, into
 #          results/runs/grpo-filters-add__<label>__<seed>/.
 # Labels: none (plain GRPO), influence (IIF), random (as many completions as IIF drops, at random),
-# zero-variance (DAPO's dynamic sampling, no regeneration), max-variance (PODS), abs-advantage (CPPO), i-ppo
-# (I-PPO: influence on a validation target, f_seq on fresh completions of 8 held-out prompts, every completion
-# with influence <= 0 dropped).
+# zero-variance (DAPO's dynamic sampling, no regeneration), max-variance (PODS), abs-advantage (CPPO),
+# validation-target (IIF with f_seq on fresh completions of 8 held-out prompts, every completion with influence
+# <= 0 dropped), and on addition i-ppo (I-PPO's rules: scored against the log-likelihood of the reference answers
+# to 128 held-out problems, <= 0 dropped, the kept ones' losses weighted by score / mean kept score).
 # Matched kept fractions: max-variance and abs-advantage keep round(F x 8) completions of each group, where F is
 # IIF's mean kept fraction on that task (over its runs of the given seeds), so every seed's influence run comes
 # first, then those two (KEEP=F sets F by hand). random drops as many as IIF would in each generation batch;
@@ -29,7 +30,8 @@ run() {  # run <prefix> <batches> <label> <seed> <grpo_variants.py flags...>
   if [ -f $dir/metrics.csv ] && [ $(($(wc -l < $dir/metrics.csv) - 1)) -ge $batches ]; then return; fi
   rm -rf $dir
   echo "$(date +%T) $name"
-  case $label in i-ppo) method=(--filter-method influence --target-data validation) ;;
+  case $label in validation-target) method=(--filter-method influence --target-data validation) ;;
+                 i-ppo) method=(--filter-method i-ppo --validation-size 128) ;;
                  *) method=(--filter-method $label) ;; esac
   python grpo_variants.py "${common[@]}" "$@" "${method[@]}" --seed $seed --run-name $name \
     > results/runs/$name.log 2>&1 || { echo "$name failed: see results/runs/$name.log"; exit 1; }
@@ -46,19 +48,19 @@ EOF
 
 for task in $tasks; do
   case $task in
-    detox) t=results/rlhf_toy_task; prefix=grpo-filters-detox; batches=60
+    detox) t=results/rlhf_toy_task; prefix=grpo-filters-detox; batches=60; labels="none influence random zero-variance validation-target"
            [ -f $t/eval_reward/config.json ] || python benchmarks/rlhf_toy_task.py --out $t
            flags=(--model-name $t/policy --reward-model $t/reward --dataset $t/prompts.jsonl
                   --eval-dataset $t/wiki_toxic.jsonl --eval-reward-model $t/eval_reward --eval-samples 200
                   --eval-every 5 --learning-rate 3e-4 --beta 0.2 --max-steps 240) ;;
-    add)   t=results/addition_toy_task; prefix=grpo-filters-add; batches=100
+    add)   t=results/addition_toy_task; prefix=grpo-filters-add; batches=100; labels="none influence random zero-variance validation-target i-ppo"
            [ -f $t/policy/config.json ] || python benchmarks/addition_toy_task.py --out $t
            flags=(--reward-fn exact-answer --model-name $t/policy --dataset $t/train.jsonl
                   --eval-dataset $t/test.jsonl --eval-samples 400 --eval-every 10 --gen-tokens 4
                   --learning-rate 1e-3 --beta 0.04 --max-steps 400) ;;
     *) echo "unknown task $task (add, detox)"; exit 1 ;;
   esac
-  for seed in $seeds; do for label in none influence random zero-variance i-ppo; do
+  for seed in $seeds; do for label in $labels; do
     run $prefix $batches $label $seed "${flags[@]}"
   done; done
   keep=${KEEP:-$(keep_fraction $prefix)}

@@ -192,3 +192,85 @@ def test_cheap_filters_keep_their_input_device():
     assert grpo_variants.zero_variance(advantages, 4).device.type == "meta"
 
 
+
+
+# ---- I-PPO's rules (--filter-method i-ppo) ----
+def addition_args(toy, tmp_path, *extra):
+    """grpo_variants.py's flags on addition rows (question, answer) in place of the toy's prompts"""
+    from benchmarks.addition_toy_task import pairs, write_rows
+    train, test = pairs(0, 20)
+    write_rows(tmp_path / "train.jsonl", train[:60])
+    write_rows(tmp_path / "test.jsonl", test)
+    args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "add", "--reward-fn", "exact-answer",
+                 "--gen-tokens", "4", *extra, test=True)
+    args[args.index("--dataset") + 1] = str(tmp_path / "train.jsonl")
+    args[args.index("--eval-dataset") + 1] = str(tmp_path / "test.jsonl")
+    return grpo_variants.resolve_args(tyro.cli(grpo_variants.Args, args=args))
+
+
+@pytest.mark.parametrize("reweight", [True, False])
+def test_i_ppo_weights_the_kept_completions_in_trls_loss(toy, tmp_path, reweight):
+    """float64, away from theta(k): i-ppo keeps the completions scoring > 0, with weights score / mean kept score
+    (1 with --no-reweight), and TRL's loss on the filtered batch is the sum of the kept completions' weighted
+    losses; the scores are the influence on the reference answers' log-likelihood"""
+    from test_grpo import perturb_
+    args = addition_args(toy, tmp_path, "--filter-method", "i-ppo", "--validation-size", "4",
+                         *[] if reweight else ["--no-reweight"])
+    trainer = grpo_variants.make_trainer(args, dtype=torch.float64)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    torch.manual_seed(0)
+    inputs = [r for r in trainer.train_dataset.select(range(4)) for _ in range(2)]
+    b = super(grpo_iif.IIFGRPOTrainer, trainer)._generate_and_score_completions(inputs)  # TRL's: unfiltered
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    perturb_(model)
+    b["advantages"] = torch.linspace(-1, 1, 8, dtype=torch.float64)  # the untrained policy's are all 0
+    kept, scores = trainer.i_ppo(b)
+    assert torch.equal(kept, scores > 0) and 0 < int(kept.sum()) < 8
+    w = b["tool_mask"][:, 0]
+    assert (b["tool_mask"] == w[:, None]).all() and (w[~kept] == 0).all()
+    if reweight:
+        assert torch.allclose(w[kept], scores[kept] / scores[kept].mean()) and w[kept].mean() == pytest.approx(1)
+    else:
+        assert (w[kept] == 1).all()
+    t = trainer.reference_batch()  # 4 held-out questions with their answers and EOS
+    assert len(t["advantages"]) == 4 and (t["completion_ids"][torch.arange(4), t["completion_mask"].sum(1) - 1]
+                                          == trainer.processing_class.eos_token_id).all()
+    f = (grpo_iif.completion_logprobs(model, t, torch.arange(4)) * t["completion_mask"]).sum() / t["completion_mask"].sum()
+    params = [p for p in model.parameters() if p.requires_grad]
+    g_f = torch.autograd.grad(f, params)
+    for i in range(8):
+        g_i = torch.autograd.grad(grpo_iif.completion_losses(model, b, torch.tensor([i]), args).sum(), params)
+        assert torch.allclose(scores[i], -sum((a * c).sum() for a, c in zip(g_f, g_i)).cpu(), rtol=1e-7)
+    filtered = grpo_iif.keep_only(trainer, b, kept)
+    expected = (filtered["tool_mask"][:, 0] * grpo_iif.completion_losses(model, filtered, torch.arange(
+        len(filtered["advantages"])), args)).sum()
+    assert torch.allclose(trainer._compute_loss(trainer.model, filtered), expected, rtol=1e-10)
+
+
+def test_i_ppo_needs_reference_answers(toy, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        parse(toy, tmp_path, "--filter-method", "i-ppo", script=grpo_variants)
+    assert "--reward-fn exact-answer" in str(e.value)
+
+
+def test_plain_filter_trains_what_trls_own_trainer_trains(toy, tmp_path):
+    """grpo_iif.py's trainer with --filter-method none and TRL's GRPOTrainer, built from the same config and seed:
+    bit-identical weights after two optimizer steps"""
+    import trl
+
+    class TRLs(trl.GRPOTrainer):  # TRL's trainer as it is, built by make_trainer
+        sharded = False
+
+        def __init__(self, *a, iif_args, **kw):
+            super().__init__(*a, **kw)
+    weights = []
+    for cls in (grpo_iif.IIFGRPOTrainer, TRLs):
+        args = parse(toy, tmp_path, "--filter-method", "none", name=cls.__name__)
+        torch.manual_seed(0)
+        trainer = grpo_iif.make_trainer(args, cls=cls)
+        trainer.train()
+        weights.append({n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad})
+    assert weights[0].keys() == weights[1].keys()
+    assert any((p != 0).any() for n, p in weights[0].items() if "lora_B" in n)  # trained: B moved off 0
+    assert all(torch.equal(weights[0][n], weights[1][n]) for n in weights[0])

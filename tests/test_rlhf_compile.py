@@ -132,3 +132,19 @@ def test_compile_end_to_end(tmp_path, toy):
     assert len(rows) == 2 and 0 < int(rows[1]["n_kept"]) < 8
     assert json.load(open(tmp_path / "r" / "config.json"))["compile"] is True
     assert os.path.exists(tmp_path / "r" / "checkpoint.pt")
+
+
+def test_gpu_check_runs_end_to_end_at_a_tiny_shape(tmp_path):
+    """benchmarks/gpu_check.sh as a GPU machine runs it, on the CPU at a tiny shape: every part ends well and
+    writes its printout"""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, DEVICE="cpu", SHAPE="32x2", QWEN_SHAPE="32x2", BATCH="4", EAGER_BATCH="4",
+               GRPO_BATCH="16", GRPO_TOKENS="4", OUT=str(tmp_path))
+    proc = subprocess.run(["bash", os.path.join(root, "benchmarks", "gpu_check.sh")], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for part in ("step_check", "round_time_rlhf_compile", "round_time_rlhf_eager", "round_time_grpo"):
+        assert f"{part}: exit 0" in proc.stdout, proc.stdout[-3000:]
+    assert "no recompile after step 1" in (tmp_path / "step_check.md").read_text()
+    assert "| optimiser step, ms |" in (tmp_path / "round_time_rlhf_compile.md").read_text()
