@@ -11,6 +11,7 @@ draw it in a PNG:
     python analysis.py advantage-diagnosis --run $D/FrozenLake-v1__none__1 --round 5
     python analysis.py counterfactual --run $D/FrozenLake-v1__tracin__1 --rounds 0 4 8 12 16
     python analysis.py rlhf --runs results/runs --env rlhf-toy
+    python analysis.py ippo --runs results/runs --env ippo-cot ippo-detox
 
 Runs follow results/reproduce.sh's naming, <runs>/<env>__<label>__<seed>/metrics.csv, where the
 label is iif.py's (or rlhf_iif.py's) --filter-method (influence, none, random) or any other tag.
@@ -643,6 +644,133 @@ def cmd_rlhf(args):
         print(f"| {name[label]} | {times} | {sum(mean[label]):.2f}{rel} | "
               f"{np.mean([r['n_kept'] for r in rows[label]]):.1f} |")
     print(f"wrote {args.out}")
+
+
+# ---- I-PPO's claims (rlhf_variants.py, docs/ippo.md) ----
+
+IPPO_LABELS = {"sft": "SFT policy (not trained)", "none": "PPO", "influence": "IIF (f_seq)",
+               "i-ppo": "I-PPO", "i-ppo-noreweight": "I-PPO, no reweighting",
+               "i-ppo-v16": "I-PPO, 16 reference answers"}
+IPPO_COLORS = {"sft": "black", "none": "tab:blue", "influence": "tab:red", "i-ppo": "tab:green",
+               "i-ppo-noreweight": "tab:olive", "i-ppo-v16": "tab:cyan"}
+ROUND_TIME = ("t_generate", "t_forward", "t_influence", "t_optim")
+
+
+@dataclass
+class Ippo:
+    """rlhf_variants.py's runs of results/ippo.sh: I-PPO against SFT, PPO and IIF"""
+    runs: str = "results/runs"
+    """folder of <env>__<label>__<seed> runs"""
+    env: tuple[str, ...] = ("ippo-cot", "ippo-detox")
+    """the runs' name prefixes, one per task"""
+    last: int = 5
+    """rounds in the trailing means of the reward and the test metric"""
+    out: str = "ippo.png"
+    """PNG of the curves; the kept fractions go to the same name with _kept"""
+
+
+def cmd_ippo(args):
+    """Per task and method, over seeds, mean [95 % bootstrap interval]: the final reward and test
+    metric (means of the last --last rounds), the unfaithful share among right answers, the kept
+    fraction and the first round it falls below a half, and the seconds per round and to PPO's
+    final reward; then I-PPO's differences from SFT and PPO, seed by seed."""
+    w = args.last
+    tasks = [(env, load_runs(args.runs, env)) for env in args.env]
+    fig, axes = plt.subplots(len(tasks), 3, figsize=(14, 3.3 * len(tasks)), squeeze=False)
+    kfig, kaxes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 3.3), squeeze=False)
+    for (env, runs), ax, kax in zip(tasks, axes, kaxes[0]):
+        cot = not np.isnan(next(iter(runs.values()))[next(iter(next(iter(runs.values()))))][0]
+                           .get("eval_accuracy", np.nan))
+        metric, name = ("eval_accuracy", "test accuracy") if cot else ("eval_toxicity", "test toxicity")
+        labels = [lb for lb in IPPO_LABELS if lb in runs]
+        print(f"\n{env}: mean [95 % bootstrap interval] over seeds; reward and {name}: means of the last "
+              f"{w} rounds; seconds: generation, forward, scoring and update (test left out)\n")
+        print(f"| method | seeds | final reward | {name} |" + (" unfaithful among right, test | unfaithful "
+              "among right, trained on |" if cot else "") + " kept, first 5 rounds | kept, last 5 | first round "
+              "kept < 1/2 | s a round | reaches PPO's final reward | s to it / PPO's, load-adjusted |")
+        print("|---|---|---|---|" + ("---|---|" if cot else "") + "---|---|---|---|---|---|")
+        stats = {}
+        for lb in labels:
+            seeds = runs[lb]
+            final = {s: np.mean([r["reward_mean"] for r in rs[-w:]]) for s, rs in seeds.items()}
+            test = {s: np.nanmean([r[metric] for r in rs[-w:]]) for s, rs in seeds.items()}
+            stats[lb] = final, test
+            kept = [[r["n_kept"] / (r["episodes"] / (r["round"] + 1)) for r in rs] for rs in seeds.values()]
+            below = [next((k for k, x in enumerate(ks) if x < 0.5), None) for ks in kept]
+            per_round = [np.mean([sum(r[k] for k in ROUND_TIME) for r in rs]) for rs in seeds.values()]
+            line = f"| {IPPO_LABELS[lb]} | {len(seeds)} | {fmt_ci(list(final.values()), 1, '.3f')} | " \
+                   f"{fmt_ci(list(test.values()), 1, '.3f')} |"
+            if cot:
+                unf_test = [np.nanmean([r["eval_unfaithful"] for r in rs[-w:]]) for rs in seeds.values()]
+                col = "unfaithful_buffer" if lb in ("none", "sft") else "unfaithful_kept"
+                unf_kept = [np.nanmean([r[col] for r in rs]) for rs in seeds.values()]
+                line += f" {fmt_ci(unf_test, 1, '.3f')} | {fmt_ci(unf_kept, 1, '.3f')} |"
+            reach, ratio = 0, []
+            if lb not in ("sft", "none") and "none" in runs:
+                for s, rs in seeds.items():
+                    plain = runs["none"].get(s)
+                    if plain is None:
+                        continue
+                    target = np.mean([r["reward_mean"] for r in plain[-w:]])
+                    sm = smooth([r["reward_mean"] for r in rs], w)
+                    j = next((j for j, v in enumerate(sm) if v >= target), None)
+                    if j is None:
+                        continue
+                    reach += 1
+                    secs = np.cumsum([sum(r[k] for k in ROUND_TIME) for r in rs])[j + w - 1]
+                    secs_plain = np.cumsum([sum(r[k] for k in ROUND_TIME) for r in plain])[-1]
+                    load = np.mean([r["t_generate"] + r["t_forward"] for r in plain]) / np.mean(
+                        [r["t_generate"] + r["t_forward"] for r in rs])
+                    ratio.append(secs / secs_plain * load)
+            never = sum(b is None for b in below)
+            first_below = (f"{np.mean([b for b in below if b is not None]):.1f}"
+                           + (f" ({never} never)" if never else "")) if never < len(below) else "never"
+            trained = lb != "sft"
+            line += (f" {fmt_ci([np.mean(k[:5]) for k in kept], 1, '.2f') if trained else '-'} | "
+                     f"{fmt_ci([np.mean(k[-5:]) for k in kept], 1, '.2f') if trained else '-'} | "
+                     f"{first_below if trained else '-'} | {fmt_ci(per_round, 1, '.2f')} | "
+                     + (f"{reach} of {len(seeds)} | {fmt_ci(ratio, 1, '.2f') if ratio else '-'} |"
+                        if lb not in ("sft", "none") else "- | - |"))
+            print(line)
+            n = min(len(rs) for rs in seeds.values())
+            x = np.arange(1, n + 1)
+            panels = [(ax[0], [[r["reward_mean"] for r in rs[:n]] for rs in seeds.values()], "training reward"),
+                      (ax[1], [[r[metric] for r in rs[:n]] for rs in seeds.values()], name)]
+            if cot:
+                panels.append((ax[2], [[r["eval_unfaithful"] for r in rs[:n]] for rs in seeds.values()],
+                               "unfaithful share of right test answers"))
+            else:
+                panels.append((ax[2], [[r["kl"] for r in rs[:n]] for rs in seeds.values()], "KL to the reference"))
+            for a, c, title in panels:
+                c = np.array(c, dtype=float)
+                mean = np.nanmean(c, 0)
+                a.plot(x, mean, color=IPPO_COLORS[lb], label=f"{IPPO_LABELS[lb]} ({len(c)})")
+                a.fill_between(x, mean - np.nanstd(c, 0), mean + np.nanstd(c, 0), color=IPPO_COLORS[lb], alpha=0.12,
+                               linewidth=0)
+                a.set(title=f"{env}: {title}", xlabel="round")
+            if trained:
+                k = np.array([ks[:n] for ks in kept])
+                kax.plot(x, k.mean(0), color=IPPO_COLORS[lb], label=IPPO_LABELS[lb])
+                kax.fill_between(x, k.min(0), k.max(0), color=IPPO_COLORS[lb], alpha=0.12, linewidth=0)
+        kax.axhline(0.5, color="gray", linewidth=0.8, linestyle=":")
+        kax.set(title=f"{env}: kept fraction (mean, range over seeds)", xlabel="round", ylim=(0, 1.05))
+        kax.legend(fontsize=7)
+        ax[0].legend(fontsize=7)
+        if "i-ppo" in stats:
+            print(f"\nI-PPO minus each method, seed by seed, mean [95 % bootstrap interval]:\n")
+            print(f"| against | final reward | {name} |")
+            print("|---|---|---|")
+            for lb in [b for b in labels if b != "i-ppo"]:
+                seeds = sorted(set(stats["i-ppo"][0]) & set(stats[lb][0]))
+                d = [[stats["i-ppo"][j][s] - stats[lb][j][s] for s in seeds] for j in (0, 1)]
+                print(f"| {IPPO_LABELS[lb]} ({len(seeds)} seeds) | {fmt_ci(d[0], 1, '+.3f')} | "
+                      f"{fmt_ci(d[1], 1, '+.3f')} |")
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+    kfig.tight_layout()
+    kout = args.out.replace(".png", "_kept.png")
+    kfig.savefig(kout, dpi=110)
+    print(f"\nwrote {args.out} and {kout}")
 
 
 # ---- Sec. 4.1, Fig. 3: what bottom records look like, and why ----
@@ -1387,6 +1515,7 @@ COMMANDS = {  # subcommand: (its flags, what it runs)
     "intervention": (Intervention, cmd_intervention),
     "counterfactual": (Counterfactual, cmd_counterfactual),
     "rlhf": (Rlhf, cmd_rlhf),
+    "ippo": (Ippo, cmd_ippo),
 }
 
 

@@ -219,12 +219,12 @@ def ref_logprobs(policy, ref, ids, attn, T):
 @torch.no_grad()
 def generate(policy, queries, tokenizer, args, device, P=None):
     """Sample continuations of the queries; rows are [left padding, prompt, continuation, right
-    padding], P + --gen-tokens wide (P: the longest query, or more). Returns ids, attention mask
-    and the response mask (the continuation up to and with its first EOS)."""
+    padding], P + --gen-tokens wide (P: the longest query, or a fixed width, --compile's, then
+    with a static KV cache). Returns ids, attention mask and the response mask (the continuation
+    up to and with its first EOS)."""
+    static = static_cache(policy.lm, P + args.gen_tokens, device) if P else {}
     P = max(P or 0, *map(len, queries))
-    T = args.gen_tokens
-    pad = tokenizer.pad_token_id
-    eos = tokenizer.eos_token_id
+    T, pad, eos = args.gen_tokens, tokenizer.pad_token_id, tokenizer.eos_token_id
     ids = torch.full((len(queries), P + T), pad, dtype=torch.long)
     attn = torch.zeros_like(ids)
     for i, q in enumerate(queries):
@@ -239,7 +239,7 @@ def generate(policy, queries, tokenizer, args, device, P=None):
                 do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
                 repetition_penalty=1.0, no_repeat_ngram_size=0, max_new_tokens=T,
                 min_new_tokens=0, pad_token_id=pad, eos_token_id=eos,
-                **static_cache(policy.lm, P + T, device) if args.compile else {})
+                **static)
         ids[idx, P:out.shape[1]] = out[:, P:].cpu()
     is_eos = ids[:, P:] == eos  # a call that stops early does so because every row has reached EOS
     mask = ((is_eos.cumsum(1) - is_eos.long()) == 0).float()  # no EOS before this position
@@ -608,8 +608,7 @@ def grad(y, io, retain=False):
 
 def memory_for_grads(device):
     """Bytes the one-pass influence may keep in per-record LoRA gradients: an eighth of the
-    device's memory (q/v adapters at rank 16 hold 5.2 M numbers an episode of GPT-Neo-2.7B, 0.55
-    GB for 128 completions of Qwen2.5-0.5B)"""
+    device's memory (5.4 GB for 256 episodes of GPT-Neo-2.7B with rank-16 q/v adapters)"""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory // 8
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8
@@ -617,14 +616,12 @@ def memory_for_grads(device):
 
 # ---- Plumbing: --compile, the optimizer step at static shapes (on CUDA one CUDA graph) ----
 class CompiledStep:
-    """One optimizer step of ppo_update on a minibatch, the same algorithm as its eager step. The
-    round's buffer sits in persistent tensors and a minibatch is an index copied into a fixed
-    tensor; a shorter last minibatch is padded with episodes of weight 0 (its loss stays the mean
-    over its real episodes). Forward and loss run under torch.compile (one graph, static shapes,
-    so no recompile). On CUDA, after 3 warm-up steps on a side stream, forward, loss, backward and
-    Adam's step are captured once as a CUDA graph (PyTorch's whole-network capture), and each
-    later step is a replay: no Python, no host sync. The reference model's pass and the influence
-    stay eager (peft's disable_adapter() is wrong on compiled modules)."""
+    """ppo_update's step at static shapes, the same algorithm: the round's buffer in persistent
+    tensors, a minibatch an index copied into a fixed tensor (a short last one padded with weight-0
+    episodes), forward and loss under torch.compile (one graph). On CUDA, after 3 warm-up steps on
+    a side stream, forward, loss, backward and Adam's step are captured as one CUDA graph
+    (PyTorch's whole-network capture); a step is then a replay: no Python, no host sync. The
+    reference pass and the influence stay eager (peft's disable_adapter() fails compiled)."""
     KEYS = ("ids", "attn", "mask", "logprobs", "values", "advantages", "returns")
 
     def __init__(self, policy, optimizer, args, device):

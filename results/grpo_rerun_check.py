@@ -30,8 +30,8 @@ CONFIGS = {  # name: (today's script, flags)
     "random": ("grpo_iif.py", ["--filter-method", "random"]),
     "none-beta0": ("grpo_iif.py", ["--filter-method", "none", "--beta", "0"]),
     "max-variance": ("grpo_variants.py", ["--filter-method", "max-variance", "--keep-fraction", "0.5"]),
-    "i-ppo": ("grpo_variants.py", ["--filter-method", "influence", "--target-data", "validation",
-                                   "--validation-size", "2"]),
+    "validation-target": ("grpo_variants.py", ["--filter-method", "influence", "--target-data", "validation",
+                                               "--validation-size", "2"]),
     "exact-answer": ("grpo_variants.py", ["--reward-fn", "exact-answer", "--filter-method", "influence",
                                           "--gen-tokens", "4"]),
 }

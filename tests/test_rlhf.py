@@ -294,3 +294,20 @@ def test_cuda_smoke(tmp_path, toy, method):
     assert json.load(open(tmp_path / "r" / "config.json"))["dtype"] == "bfloat16"
     scores = torch.tensor([0.5, -1.0, 0.0, -2.0], device="cuda")
     assert rlhf_iif.filter_records(scores, method, None, torch.Generator().manual_seed(0)).device.type == "cuda"
+
+
+def test_the_llm_scripts_share_their_helpers_word_for_word():
+    """rlhf_iif.py and grpo_iif.py stand alone, so each carries the scoring's and loading's helpers; the copies
+    stay identical"""
+    import ast
+    import inspect
+    import grpo_iif
+    for name in ("batches", "up", "trained_linears", "with_linear_io", "grad", "memory_for_grads", "fail", "load",
+                 "load_rows"):
+        assert inspect.getsource(getattr(rlhf_iif, name)) == inspect.getsource(getattr(grpo_iif, name)), name
+
+    def code(fn):  # the function without its docstring, which names the record (episode, completion)
+        tree = ast.parse(inspect.getsource(fn))
+        tree.body[0].body = tree.body[0].body[1:]
+        return ast.dump(tree)
+    assert code(rlhf_iif.filter_records) == code(grpo_iif.filter_records)
