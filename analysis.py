@@ -669,9 +669,17 @@ class Ippo:
     """PNG of the curves; the kept fractions go to the same name with _kept"""
 
 
+def load(plain, rows):
+    """The load on the machine during rows' run against plain's: the ratio of their mean seconds a
+    round of generation and forward pass, the same work under every method (a rough correction of
+    a ratio of times: it assumes the load slowed every stage alike)"""
+    return np.mean([r["t_generate"] + r["t_forward"] for r in plain]) / np.mean(
+        [r["t_generate"] + r["t_forward"] for r in rows])
+
+
 def cmd_ippo(args):
-    """Per task and method, over seeds, mean [95 % bootstrap interval]: the final reward and test
-    metric (means of the last --last rounds), the unfaithful share among right answers, the kept
+    """Per task and method, over seeds, mean [95 % bootstrap interval]: the final reward, test
+    metric and KL (means of the last --last rounds), the unfaithful share among right answers, the kept
     fraction and the first round it falls below a half, and the seconds per round and to PPO's
     final reward; then I-PPO's differences from SFT and PPO, seed by seed."""
     w = args.last
@@ -685,23 +693,29 @@ def cmd_ippo(args):
         labels = [lb for lb in IPPO_LABELS if lb in runs]
         print(f"\n{env}: mean [95 % bootstrap interval] over seeds; reward and {name}: means of the last "
               f"{w} rounds; seconds: generation, forward, scoring and update (test left out)\n")
-        print(f"| method | seeds | final reward | {name} |" + (" unfaithful among right, test | unfaithful "
+        print(f"| method | seeds | final reward | {name} | KL to the reference |" + (" unfaithful among right, test | unfaithful "
               "among right, trained on |" if cot else "") + " kept, first 5 rounds | kept, last 5 | first round "
-              "kept < 1/2 | s a round | reaches PPO's final reward | s to it / PPO's, load-adjusted |")
-        print("|---|---|---|---|" + ("---|---|" if cot else "") + "---|---|---|---|---|---|")
+              "kept < 1/2 | s a round | s a round / PPO's, load-adjusted | reaches PPO's final reward | s to it / "
+              "PPO's, load-adjusted |")
+        print("|---|---|---|---|---|" + ("---|---|" if cot else "") + "---|---|---|---|---|---|---|")
         stats = {}
         for lb in labels:
             seeds = runs[lb]
             final = {s: np.mean([r["reward_mean"] for r in rs[-w:]]) for s, rs in seeds.items()}
             test = {s: np.nanmean([r[metric] for r in rs[-w:]]) for s, rs in seeds.items()}
-            stats[lb] = final, test
+            stats[lb] = (final, test) + (({s: np.nanmean([r["eval_unfaithful"] for r in rs[-w:]])
+                                           for s, rs in seeds.items()},) if cot else ())
             kept = [[r["n_kept"] / (r["episodes"] / (r["round"] + 1)) for r in rs] for rs in seeds.values()]
             below = [next((k for k, x in enumerate(ks) if x < 0.5), None) for ks in kept]
             per_round = [np.mean([sum(r[k] for k in ROUND_TIME) for r in rs]) for rs in seeds.values()]
+            vs_ppo = [np.mean([sum(r[k] for k in ROUND_TIME) for r in rs]) / np.mean(
+                [sum(r[k] for k in ROUND_TIME) for r in runs["none"][s]]) * load(runs["none"][s], rs)
+                for s, rs in seeds.items() if s in runs.get("none", {})]
+            kl = [np.mean([r["kl"] for r in rs[-w:]]) for rs in seeds.values()]
             line = f"| {IPPO_LABELS[lb]} | {len(seeds)} | {fmt_ci(list(final.values()), 1, '.3f')} | " \
-                   f"{fmt_ci(list(test.values()), 1, '.3f')} |"
+                   f"{fmt_ci(list(test.values()), 1, '.3f')} | {fmt_ci(kl, 1, '.2f')} |"
             if cot:
-                unf_test = [np.nanmean([r["eval_unfaithful"] for r in rs[-w:]]) for rs in seeds.values()]
+                unf_test = list(stats[lb][2].values())
                 col = "unfaithful_buffer" if lb in ("none", "sft") else "unfaithful_kept"
                 unf_kept = [np.nanmean([r[col] for r in rs]) for rs in seeds.values()]
                 line += f" {fmt_ci(unf_test, 1, '.3f')} | {fmt_ci(unf_kept, 1, '.3f')} |"
@@ -719,9 +733,7 @@ def cmd_ippo(args):
                     reach += 1
                     secs = np.cumsum([sum(r[k] for k in ROUND_TIME) for r in rs])[j + w - 1]
                     secs_plain = np.cumsum([sum(r[k] for k in ROUND_TIME) for r in plain])[-1]
-                    load = np.mean([r["t_generate"] + r["t_forward"] for r in plain]) / np.mean(
-                        [r["t_generate"] + r["t_forward"] for r in rs])
-                    ratio.append(secs / secs_plain * load)
+                    ratio.append(secs / secs_plain * load(plain, rs))
             never = sum(b is None for b in below)
             first_below = (f"{np.mean([b for b in below if b is not None]):.1f}"
                            + (f" ({never} never)" if never else "")) if never < len(below) else "never"
@@ -729,6 +741,7 @@ def cmd_ippo(args):
             line += (f" {fmt_ci([np.mean(k[:5]) for k in kept], 1, '.2f') if trained else '-'} | "
                      f"{fmt_ci([np.mean(k[-5:]) for k in kept], 1, '.2f') if trained else '-'} | "
                      f"{first_below if trained else '-'} | {fmt_ci(per_round, 1, '.2f')} | "
+                     f"{fmt_ci(vs_ppo, 1, '.2f') if vs_ppo else '-'} | "
                      + (f"{reach} of {len(seeds)} | {fmt_ci(ratio, 1, '.2f') if ratio else '-'} |"
                         if lb not in ("sft", "none") else "- | - |"))
             print(line)
@@ -756,15 +769,15 @@ def cmd_ippo(args):
         kax.set(title=f"{env}: kept fraction (mean, range over seeds)", xlabel="round", ylim=(0, 1.05))
         kax.legend(fontsize=7)
         ax[0].legend(fontsize=7)
-        if "i-ppo" in stats:
-            print(f"\nI-PPO minus each method, seed by seed, mean [95 % bootstrap interval]:\n")
-            print(f"| against | final reward | {name} |")
-            print("|---|---|---|")
-            for lb in [b for b in labels if b != "i-ppo"]:
-                seeds = sorted(set(stats["i-ppo"][0]) & set(stats[lb][0]))
-                d = [[stats["i-ppo"][j][s] - stats[lb][j][s] for s in seeds] for j in (0, 1)]
-                print(f"| {IPPO_LABELS[lb]} ({len(seeds)} seeds) | {fmt_ci(d[0], 1, '+.3f')} | "
-                      f"{fmt_ci(d[1], 1, '+.3f')} |")
+        for ippo in [lb for lb in ("i-ppo", "i-ppo-noreweight") if lb in stats]:
+            print(f"\n{IPPO_LABELS[ippo]} minus each method, seed by seed, mean [95 % bootstrap interval]:\n")
+            print(f"| against | final reward | {name} |" + (" unfaithful among right, test |" if cot else ""))
+            print("|---|---|---|" + ("---|" if cot else ""))
+            for lb in [b for b in labels if b != ippo]:
+                seeds = sorted(set(stats[ippo][0]) & set(stats[lb][0]))
+                d = [[stats[ippo][j][s] - stats[lb][j][s] for s in seeds] for j in range(len(stats[lb]))]
+                print(f"| {IPPO_LABELS[lb]} ({len(seeds)} seeds) | "
+                      + " | ".join(fmt_ci(x, 1, "+.3f") for x in d) + " |")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     kfig.tight_layout()

@@ -676,7 +676,7 @@ class CompiledStep:
 
 def make_optimizer(policy, args, device):
     """Adam on what trains; on CUDA fused (one kernel for every tensor) and, with --compile,
-    capturable (its step count on the device, as a CUDA graph needs)"""
+    capturable (its step count on the device, as a CUDA graph needs; the rate, constant, a float)"""
     cuda = device.type == "cuda"
     return torch.optim.Adam([p for p in policy.parameters() if p.requires_grad],
                             lr=args.learning_rate, fused=cuda or None,

@@ -21,6 +21,8 @@ import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import rlhf_iif  # noqa: E402
@@ -52,9 +54,13 @@ def compare(old, new):
     for col in old[0]:
         pairs = [(a[col], b[col]) for a, b in zip(old, new) if a[col] != b[col]]
         if pairs:
-            gap = (max(abs(float(a) - float(b)) for a, b in pairs) if all(a and b for a, b in pairs)
-                   else "empty against a number")
-            diffs.append(f"{col}: {len(pairs)} of {len(old)} rounds, largest difference {gap}")
+            if not all(a and b for a, b in pairs):
+                diffs.append(f"{col}: {len(pairs)} of {len(old)} rounds, empty against a number")
+                continue
+            d = [float(y[col]) - float(x[col]) for x, y in zip(old, new)]
+            diffs.append(f"{col}: {len(pairs)} of {len(old)} rounds, today's minus the other: mean "
+                         f"{np.mean(d):+.4f}, mean absolute {np.mean(np.abs(d)):.4f}, largest "
+                         f"{max(map(abs, d)):.4f}")
     return (f"DIFFER ({len(old)} against {len(new)} rounds)" if len(old) != len(new) else "DIFFER") + \
         "".join(f"\n    {d}" for d in diffs)
 

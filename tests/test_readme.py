@@ -29,14 +29,14 @@ def names_on(line, name):
 
 
 def test_every_line_link_points_at_what_it_names():
-    for script in ("iif.py", "rlhf_iif.py", "grpo_iif.py", "grpo_variants.py"):
+    for script in ("iif.py", "rlhf_iif.py", "grpo_iif.py", "grpo_variants.py", "rlhf_variants.py"):
         lines = read(script).splitlines()
         links = []
         for page in PAGES:  # README.md links `script#LN`, docs/*.md link `../script#LN`
             prefix = "" if page == "README.md" else "../"
             found = re.findall(r"\[`([^`]+)`\]\(" + re.escape(prefix + script) + r"#L(\d+)\)", read(page))
             links += [(page, name, int(line)) for name, line in found]
-        assert len(links) >= (4 if script == "grpo_variants.py" else 8), script
+        assert len(links) >= (4 if script.endswith("_variants.py") else 8), script
         for page, name, line in links:
             assert 1 <= line <= len(lines), f"{page} links `{name}` to {script} line {line}, past its end"
             assert names_on(lines[line - 1], name), f"{page} links `{name}` to {script} line {line}: {lines[line - 1]!r}"
