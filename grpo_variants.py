@@ -17,7 +17,7 @@ grpo_rerun_check.py checks both files against the single file they were split fr
 
     python grpo_variants.py --filter-method max-variance --keep-fraction 0.5 ...
     python grpo_variants.py --filter-method i-ppo --reward-fn exact-answer ...   # I-PPO
-    python grpo_variants.py --filter-method influence --target-data validation ...   # fresh-completion f
+    python grpo_variants.py --filter-method influence --target-data validation ...   # f on fresh
     python grpo_variants.py --reward-fn exact-answer --dataset openai/gsm8k --dataset-config main
 """
 import copy
@@ -299,9 +299,9 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
             acc, tok = self.accelerator, self.processing_class
             rows = self.held_rows[:self.iif_args.validation_size]
             n = len(rows) // acc.num_processes
-            q = [tok(tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-                     if self.iif_args.chat else r["prompt"], add_special_tokens=False)["input_ids"]
-                 for r in rows]
+            text = [tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+                    if self.iif_args.chat else r["prompt"] for r in rows]
+            q = [tok(t, add_special_tokens=False)["input_ids"] for t in text]
             a = [tok(r["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
                  for r in rows]
             P, T = max(map(len, q)), max(map(len, a))

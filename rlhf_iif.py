@@ -490,8 +490,8 @@ def main(args):
     device = torch.device(args.device)
     # everything is loaded before the run folder is made: a name that fails leaves nothing behind
     policy, ref, tokenizer = make_policy(args, device)
-    reward_fn = make_reward_fn(*load_classifier("--reward-model", args.reward_model,
-                                                "--reward-label", args.reward_label, device), device)
+    reward_fn = make_reward_fn(*load_classifier(
+        "--reward-model", args.reward_model, "--reward-label", args.reward_label, device), device)
     train_prompts, val_prompts = load_prompts(args, tokenizer)
     if args.eval_every:
         eval_clf = load_classifier("--eval-reward-model", args.eval_reward_model,
@@ -804,8 +804,8 @@ def resolve_args(args, resuming=False):
         if getattr(args, key) is not None and getattr(args, key) < 1:
             fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
     for ok, msg in [
-        (args.prompt_max_tokens >= args.prompt_min_tokens, f"--prompt-max-tokens "
-         f"({args.prompt_max_tokens}) must be at least --prompt-min-tokens ({args.prompt_min_tokens})"),
+        (args.prompt_max_tokens >= args.prompt_min_tokens, "--prompt-max-tokens must be at least "
+         f"--prompt-min-tokens, got {args.prompt_max_tokens} < {args.prompt_min_tokens}"),
         (args.mini_batch_size <= args.batch_size, f"--mini-batch-size ({args.mini_batch_size}) "
          f"must be at most --batch-size ({args.batch_size})"),
         (args.eval_every >= 0, f"--eval-every must be 0 (never) or more, got {args.eval_every}"),
@@ -896,5 +896,5 @@ if __name__ == "__main__":
         main(args)
     except KeyboardInterrupt:
         run_dir = os.path.join(args.runs_dir, args.run_name)
-        sys.exit(f"\ninterrupted: every finished round is in {run_dir}/metrics.csv (rlhf_variants.py "
-                 "writes checkpoints and resumes)")
+        sys.exit(f"\ninterrupted: every finished round is in {run_dir}/metrics.csv "
+                 "(rlhf_variants.py writes checkpoints and resumes)")

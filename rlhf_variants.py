@@ -1,21 +1,24 @@
 r"""rlhf_iif.py with I-PPO, a task with chains of thought, and the options of long runs.
 
-rlhf_iif.py is the Snapshot paper's Sec. 5.3: PPO for a language model with IIF. This file imports its
-pieces and adds:
-- I-PPO ("Learning from the Right Rollouts: Data Attribution for PPO-based LLM Post-Training", Shu, Zhang
-  and Hullman, 2026), --filter-method i-ppo, with its rules (docs/ippo.md gives each rule's source):
-  every episode is scored by <grad f_sft, -grad l_i> at theta(k), f_sft the mean log-likelihood of
-  reference answers to --validation-size held-out prompts; every episode scoring <= 0 is dropped, and each
-  kept one's loss is weighted by score / mean kept score (--no-reweight: weight 1, the paper's ablation);
-- --task cot-addition (benchmarks/cot_addition_task.py): 2-digit addition with a written chain of thought,
-  rewarded on its final answer, each completion marked right and faithful or not, and the test accuracy;
-- --no-train: the policy itself, sampled and tested every round, never updated (the SFT baseline);
+rlhf_iif.py is the Snapshot paper's Sec. 5.3: PPO for a language model with IIF. This file
+imports its pieces and adds:
+- I-PPO ("Learning from the Right Rollouts: Data Attribution for PPO-based LLM Post-Training",
+  Shu, Zhang and Hullman, 2026), --filter-method i-ppo, with its rules (docs/ippo.md gives each
+  rule's source): every episode is scored by <grad f_sft, -grad l_i> at theta(k), f_sft the mean
+  log-likelihood of reference answers to --validation-size held-out prompts; every episode
+  scoring <= 0 is dropped, and each kept one's loss is weighted by score / mean kept score
+  (--no-reweight: weight 1, the paper's ablation);
+- --task cot-addition (benchmarks/cot_addition_task.py): 2-digit addition with a written chain of
+  thought, rewarded on its final answer, each completion marked right and faithful or not, and
+  the test accuracy;
+- --no-train: the policy itself, sampled and tested every round, never updated (the SFT
+  baseline);
 - long runs: checkpoint.pt after every --save-every-th round, and --resume.
-The other flags are rlhf_iif.py's; with none of the above it writes what rlhf_iif.py writes, plus the
-columns and episode fields below.
+The other flags are rlhf_iif.py's; with none of the above it writes what rlhf_iif.py writes,
+plus the columns and episode fields below.
 
-    python rlhf_variants.py --filter-method i-ppo --validation-size 128 ...   # the detox setup's flags
-    bash results/ippo.sh                                                       # the comparison of docs/ippo.md
+    python rlhf_variants.py --filter-method i-ppo --validation-size 128 ...   # detox's flags
+    bash results/ippo.sh                                      # the comparison of docs/ippo.md
 """
 import csv
 import dataclasses
@@ -56,8 +59,8 @@ class Args(rlhf_iif.Args):
     """write checkpoint.pt after every N-th round and the last, for --resume (0: never)"""
 
 
-COLUMNS = rlhf_iif.METRICS + ["weight_max", "eval_accuracy", "eval_unfaithful", "unfaithful_buffer",
-                              "unfaithful_kept"]
+COLUMNS = rlhf_iif.METRICS + ["weight_max", "eval_accuracy", "eval_unfaithful",
+                              "unfaithful_buffer", "unfaithful_kept"]
 MAY_CHANGE = ("resume", "threads", "runs_dir", "save_every")  # flags a resumed run may change
 
 
@@ -85,7 +88,8 @@ def operands(tokenizer, query):
 def cot_reward_fn(tokenizer, device):
     """The outcome reward: 1 for a right final answer, 0 otherwise"""
     return lambda texts, queries: torch.tensor(
-        [float(check(t, *operands(tokenizer, q))[0]) for t, q in zip(texts, queries)], device=device)
+        [float(check(t, *operands(tokenizer, q))[0]) for t, q in zip(texts, queries)],
+        device=device)
 
 
 def load_questions(flag, name, split, tokenizer):
@@ -93,14 +97,15 @@ def load_questions(flag, name, split, tokenizer):
     rows = rlhf_iif.load_rows(flag, name, split)
     if not {"question", "answer"} <= set(rows.column_names):
         fail(f"{flag} {name!r} needs 'question' and 'answer' columns (has {rows.column_names})")
-    return [(tokenizer(r["question"])["input_ids"], tokenizer(r["answer"])["input_ids"] + [tokenizer.eos_token_id])
+    eos = tokenizer.eos_token_id
+    return [(tokenizer(r["question"])["input_ids"], tokenizer(r["answer"])["input_ids"] + [eos])
             for r in rows]
 
 
 # ---- I-PPO: the validation target f_sft, the score, the filter and the weights ----
 def reference_episodes(pairs, tokenizer, device):
-    """The validation set as target episodes: [left padding, prompt, reference answer, right padding],
-    the answer's tokens in the mask, A_hat = 1 on each"""
+    """The validation set as target episodes: [left padding, prompt, reference answer, right
+    padding], the answer's tokens in the mask, A_hat = 1 on each"""
     P, T = max(len(p) for p, _ in pairs), max(len(r) for _, r in pairs)
     ids = torch.full((len(pairs), P + T), tokenizer.pad_token_id, dtype=torch.long)
     attn, mask = torch.zeros_like(ids), torch.zeros(len(pairs), T)
@@ -113,21 +118,23 @@ def reference_episodes(pairs, tokenizer, device):
 
 
 def detox_references(args, tokenizer, clf, device):
-    """Held-out prompts with the next --gen-tokens tokens of their dataset text, where --reward-model
-    scores those non-toxic (--reward-label is its most likely label)"""
-    held = rlhf_iif.load_prompts(dataclasses.replace(args, target_data="buffer", validation_size=10 ** 9),
-                                 tokenizer, rest=True)[1]
+    """Held-out prompts with the next --gen-tokens tokens of their dataset text, where
+    --reward-model scores those non-toxic (--reward-label is its most likely label)"""
+    every_held = dataclasses.replace(args, target_data="buffer", validation_size=10 ** 9)
+    held = rlhf_iif.load_prompts(every_held, tokenizer, rest=True)[1]
     pairs = [(p, rest[:args.gen_tokens]) for p, rest in held if rest]
     model, tok, label = clf
-    labels = rlhf_iif.classify(model, tok, [tokenizer.decode(r) for _, r in pairs], device).argmax(-1)
+    texts = [tokenizer.decode(r) for _, r in pairs]
+    labels = rlhf_iif.classify(model, tok, texts, device).argmax(-1)
     return [pair for pair, y in zip(pairs, labels.tolist()) if y == label]
 
 
 def i_ppo(policy, b, t, args):
-    """I-PPO's Stage II: the score <grad f_sft, -grad l_i> of every episode at theta(k), f_sft the mean
-    log-likelihood per token of the reference answers (rlhf_iif.influence with f_return on target episodes
-    whose A_hat is 1 is exactly that); the kept mask (score > 0: every episode scoring <= 0 is dropped) and the
-    loss weights, score / mean kept score (they average 1 over the kept; all 1 with --no-reweight)"""
+    """I-PPO's Stage II: the score <grad f_sft, -grad l_i> of every episode at theta(k), f_sft the
+    mean log-likelihood per token of the reference answers (rlhf_iif.influence with f_return on
+    target episodes whose A_hat is 1 is exactly that); the kept mask (score > 0: every episode
+    scoring <= 0 is dropped) and the loss weights, score / mean kept score (they average 1 over the
+    kept; all 1 with --no-reweight)"""
     scores = rlhf_iif.influence(policy, b, t, dataclasses.replace(args, target="f_return"))
     kept = scores > 0
     weights = torch.ones_like(scores)
@@ -139,11 +146,12 @@ def i_ppo(policy, b, t, args):
 # ---- The test metrics: toxicity (rlhf_iif.evaluate), or accuracy and faithfulness ----
 @torch.no_grad()
 def evaluate_cot(policy, problems, tokenizer, args, device):
-    """The test accuracy, and the share of unfaithful chains among the right test answers (a fixed seed,
-    the training generator left untouched)"""
+    """The test accuracy, and the share of unfaithful chains among the right test answers (a fixed
+    seed, the training generator left untouched)"""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed + 10_000)
-        ids, attn, mask = rlhf_iif.generate(policy, [q for q, _ in problems], tokenizer, args, device)
+        queries = [q for q, _ in problems]
+        ids, attn, mask = rlhf_iif.generate(policy, queries, tokenizer, args, device)
     texts = rlhf_iif.continuations(tokenizer, dict(ids=ids, mask=mask))
     marks = [check(t, *operands(tokenizer, q)) for t, (q, _) in zip(texts, problems)]
     return np.mean([r for r, _ in marks]), unfaithful_share(marks)
@@ -155,7 +163,7 @@ def unfaithful_share(marks):
     return 1 - np.mean(right) if right else ""
 
 
-# ---- The loop: rlhf_iif.main's, with I-PPO's Stage II, the tasks, --no-train and checkpoints ----
+# ---- The loop: rlhf_iif.main's, with I-PPO's Stage II, the tasks, --no-train, checkpoints ----
 def main(args):
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -166,24 +174,27 @@ def main(args):
     cot = args.task == "cot-addition"
     if cot:
         reward_fn = cot_reward_fn(tokenizer, device)
-        train_prompts = [q for q, _ in load_questions("--dataset", args.dataset, "train", tokenizer)]
-        references = (load_questions("--reference-dataset", args.reference_dataset, "train", tokenizer)
-                      if args.filter_method == "i-ppo" else [])
+        train_prompts = [q for q, _ in load_questions("--dataset", args.dataset, "train",
+                                                      tokenizer)]
+        references = (load_questions("--reference-dataset", args.reference_dataset, "train",
+                                     tokenizer) if args.filter_method == "i-ppo" else [])
         eval_problems = load_questions("--eval-dataset", args.eval_dataset, args.eval_split,
                                        tokenizer)[:args.eval_samples]
         val_prompts = []
     else:
-        clf = rlhf_iif.load_classifier("--reward-model", args.reward_model, "--reward-label", args.reward_label,
-                                       device)
+        clf = rlhf_iif.load_classifier("--reward-model", args.reward_model, "--reward-label",
+                                       args.reward_label, device)
         reward_fn = rlhf_iif.make_reward_fn(*clf, device)
         train_prompts, val_prompts = rlhf_iif.load_prompts(args, tokenizer)
-        references = detox_references(args, tokenizer, clf, device) if args.filter_method == "i-ppo" else []
+        references = (detox_references(args, tokenizer, clf, device)
+                      if args.filter_method == "i-ppo" else [])
         if args.eval_every:
             eval_clf = rlhf_iif.load_classifier("--eval-reward-model", args.eval_reward_model,
                                                 "--eval-toxic-label", args.eval_toxic_label, device)
             eval_prompts = rlhf_iif.load_eval_prompts(args, tokenizer)
     if args.filter_method == "i-ppo" and len(references) < args.validation_size:
-        fail(f"--validation-size {args.validation_size}: only {len(references)} reference answers")
+        fail(f"--validation-size {args.validation_size}: only {len(references)} reference "
+             "answers")
     t_sft = None
     if args.filter_method == "i-ppo":
         t_sft = reference_episodes(references[:args.validation_size], tokenizer, device)
@@ -207,9 +218,10 @@ def main(args):
             order = order[args.batch_size:]
 
             # Stage I (Alg. 1): the buffer B(k)
-            b, (t_generate, t_forward) = rlhf_iif.rollout(policy, ref, queries, kl_coef, reward_fn, tokenizer,
-                                                          args, device)
-            marks = [check(t, *operands(tokenizer, q)) for t, q in zip(b["texts"], queries)] if cot else None
+            b, (t_generate, t_forward) = rlhf_iif.rollout(policy, ref, queries, kl_coef, reward_fn,
+                                                          tokenizer, args, device)
+            marks = ([check(t, *operands(tokenizer, q)) for t, q in zip(b["texts"], queries)]
+                     if cot else None)
 
             # Stage II: IIF's influence and filter, or I-PPO's score, filter and weights
             t0 = timer(device)
@@ -220,45 +232,51 @@ def main(args):
             elif args.train and args.filter_method != "none":
                 t = b
                 if args.target_data == "validation":
-                    t = rlhf_iif.rollout(policy, ref, val_prompts, kl_coef, reward_fn, tokenizer, args, device)[0]
+                    t = rlhf_iif.rollout(policy, ref, val_prompts, kl_coef, reward_fn, tokenizer,
+                                         args, device)[0]
                 scores = rlhf_iif.influence(policy, b, t, args)
                 kept = rlhf_iif.filter_records(scores, args.filter_method, args.filter_p, gen)
             if scores is not None and not torch.isfinite(scores).all():
                 fail(f"round {k}: non-finite influence scores; lower --learning-rate")
             t_influence = timer(device) - t0
 
-            # Stage III: PPO on the kept episodes, weighted (nothing kept: no step, the round goes on)
+            # Stage III: PPO on the kept episodes, weighted (nothing kept: no step, the run goes on)
             t0 = timer(device)
             try:
-                n_updates, loss = rlhf_iif.ppo_update(policy, optimizer, b, kept, args, gen, weights, step)
+                n_updates, loss = rlhf_iif.ppo_update(policy, optimizer, b, kept, args, gen,
+                                                      weights, step)
             except FloatingPointError as e:
                 fail(f"round {k}: {e}; lower --learning-rate")
             t_optim = timer(device) - t0
             kl = b["kl"].mean().item()
             kept_list = kept.tolist()
-            row = dict(round=k, episodes=(k + 1) * args.batch_size, reward_mean=b["rewards"].mean().item(),
-                       reward_std=b["rewards"].std().item(), kl=kl, kl_coef=kl_coef, n_kept=sum(kept_list),
+            row = dict(round=k, episodes=(k + 1) * args.batch_size,
+                       reward_mean=b["rewards"].mean().item(), reward_std=b["rewards"].std().item(),
+                       kl=kl, kl_coef=kl_coef, n_kept=sum(kept_list),
                        n_negative="" if scores is None else int((scores < 0).sum()), loss=loss,
-                       n_updates=n_updates, eval_toxicity="", t_generate=t_generate, t_forward=t_forward,
-                       t_influence=t_influence, t_optim=t_optim, t_eval=0.0,
-                       weight_max=weights[kept].max().item() if any(kept_list) else "", eval_accuracy="",
-                       eval_unfaithful="", unfaithful_buffer="", unfaithful_kept="")
+                       n_updates=n_updates, eval_toxicity="", t_generate=t_generate,
+                       t_forward=t_forward, t_influence=t_influence, t_optim=t_optim, t_eval=0.0,
+                       weight_max=weights[kept.to(device)].max().item() if any(kept_list) else "",
+                       eval_accuracy="", eval_unfaithful="", unfaithful_buffer="",
+                       unfaithful_kept="")
             if cot:
                 row["unfaithful_buffer"] = unfaithful_share(marks)
-                row["unfaithful_kept"] = unfaithful_share([m for m, kp in zip(marks, kept_list) if kp])
+                row["unfaithful_kept"] = unfaithful_share([m for m, kp in zip(marks, kept_list)
+                                                           if kp])
             if args.train:
                 kl_coef = rlhf_iif.update_kl_coef(kl_coef, kl, args.batch_size, args)
 
             if args.eval_every and (k + 1) % args.eval_every == 0:
                 t0 = timer(device)
                 if cot:
-                    row["eval_accuracy"], row["eval_unfaithful"] = evaluate_cot(policy, eval_problems, tokenizer,
-                                                                                args, device)
+                    row["eval_accuracy"], row["eval_unfaithful"] = evaluate_cot(
+                        policy, eval_problems, tokenizer, args, device)
                 else:
-                    row["eval_toxicity"] = rlhf_iif.evaluate(policy, eval_prompts, tokenizer, eval_clf, args,
-                                                             device)
+                    row["eval_toxicity"] = rlhf_iif.evaluate(policy, eval_prompts, tokenizer,
+                                                             eval_clf, args, device)
                 row["t_eval"] = timer(device) - t0
-            fields = dict(weight=torch.where(kept.to(device), weights, 0.0).tolist())  # 0: not trained on
+            # each episode's loss weight in Stage III, 0 when it was not trained on
+            fields = dict(weight=torch.where(kept.to(device), weights, 0.0).tolist())
             if cot:
                 fields.update(right=[r for r, _ in marks], faithful=[f for _, f in marks])
             run.end_round(row, b, queries, scores, kept, tokenizer, **fields)
@@ -269,23 +287,25 @@ def main(args):
 
 # ---- Long runs: checkpoints and --resume ----
 def checkpoint(run, k, n_rounds, policy, optimizer, gen, kl_coef, order, device):
-    """After every --save-every-th round and the last: what the next round starts from, written to a
-    temporary file first, so that a run killed while saving keeps the previous one"""
+    """After every --save-every-th round and the last: what the next round starts from, written to
+    a temporary file first, so that a run killed while saving keeps the previous one"""
     every = run.args.save_every
     if not every or ((k + 1) % every and k + 1 < n_rounds):
         return
     path = os.path.join(run.dir, "checkpoint.pt")
-    torch.save(dict(round=k, trained={n: p.detach() for n, p in policy.named_parameters() if p.requires_grad},
-                    optimizer=optimizer.state_dict(), kl_coef=kl_coef, order=order,
-                    torch_rng=torch.get_rng_state(), gen=gen.get_state(),
-                    cuda_rng=torch.cuda.get_rng_state_all() if device.type == "cuda" else None), path + ".tmp")
+    trained = {n: p.detach() for n, p in policy.named_parameters() if p.requires_grad}
+    cuda_rng = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+    torch.save(dict(round=k, trained=trained, optimizer=optimizer.state_dict(), kl_coef=kl_coef,
+                    order=order, torch_rng=torch.get_rng_state(), gen=gen.get_state(),
+                    cuda_rng=cuda_rng), path + ".tmp")
     os.replace(path + ".tmp", path)
 
 
 def resume(run_dir, policy, optimizer, gen, device):
-    """(first round, beta, prompt order, (rows, episodes) before it) after the last checkpointed round,
-    whose weights, optimizer and random states are restored"""
-    ckpt = torch.load(os.path.join(run_dir, "checkpoint.pt"), map_location=device, weights_only=False)
+    """(first round, beta, prompt order, (rows, episodes) before it) after the last checkpointed
+    round, whose weights, optimizer and random states are restored"""
+    ckpt = torch.load(os.path.join(run_dir, "checkpoint.pt"), map_location=device,
+                      weights_only=False)
     with torch.no_grad():
         for n, p in policy.named_parameters():
             if p.requires_grad:
@@ -312,14 +332,15 @@ def resolve_args(args):
     run_dir = os.path.join(args.runs_dir, args.run_name)
     if args.resume and os.path.exists(os.path.join(run_dir, "checkpoint.pt")):
         saved = json.load(open(os.path.join(run_dir, "config.json")))
-        changed = [f"--{k.replace('_', '-')} {saved.get(k)} (now {v})" for k, v in vars(args).items()
-                   if k not in MAY_CHANGE and saved.get(k) != v]
+        changed = [f"--{k.replace('_', '-')} {saved.get(k)} (now {v})"
+                   for k, v in vars(args).items() if k not in MAY_CHANGE and saved.get(k) != v]
         if changed:
             fail(f"--resume: {run_dir} was run with other flags: {'; '.join(changed)}")
     for ok, msg in [
         (args.save_every >= 0, f"--save-every must be 0 (never) or more, got {args.save_every}"),
         (args.task == "detox" or args.filter_method != "i-ppo" or args.reference_dataset,
-         "--filter-method i-ppo with --task cot-addition needs --reference-dataset (its validation.jsonl)"),
+         "--filter-method i-ppo with --task cot-addition needs --reference-dataset (the task's "
+         "validation.jsonl)"),
         (args.task == "detox" or args.target_data == "buffer",
          "--target-data validation is for --task detox (held-out prompts of --dataset)"),
         (args.filter_method != "i-ppo" or args.target_data == "buffer",
@@ -334,5 +355,6 @@ if __name__ == "__main__":
     try:
         main(args)
     except KeyboardInterrupt:
-        sys.exit(f"\ninterrupted: every finished round is in {os.path.join(args.runs_dir, args.run_name)}/"
-                 "metrics.csv; the same command with --resume continues after the last checkpointed round")
+        run_dir = os.path.join(args.runs_dir, args.run_name)
+        sys.exit(f"\ninterrupted: every finished round is in {run_dir}/metrics.csv; the same "
+                 "command with --resume continues after the last checkpointed round")
