@@ -1,19 +1,22 @@
 """rlhf_iif.py today against rlhf_iif.py at a git commit, on the flags of committed runs: both files run each
 run's config.json on this machine's build of its task, and their metrics.csv must agree, every column but the
 t_* timings. (The committed runs themselves are compared too, for information: a task built on another
-machine or with other library versions may differ.)
+machine or with other library versions may differ.) Without --commit, today's file reruns the committed runs
+and is compared with them, as for runs made on this machine.
 
     python results/rlhf_rerun_check.py --commit 84269b1 results/runs/rlhf-toy__*__[123]
     python results/rlhf_rerun_check.py --commit 84269b1 results/runs/rlhf-toy__*__[123] --today generation_batch_size
+    python results/rlhf_rerun_check.py --script rlhf_variants.py results/runs/ippo-cot__i-ppo__1
 
 Flags today's file does not know are left out, flags it added take their defaults. --today FLAG: today's run
 takes today's default for that flag instead of the committed value (generation_batch_size: every prompt of a
 call in one generate(), so the 200 test prompts are sampled in one call instead of 64 at a time). A column that
-differs is printed with its largest difference. Runs go two at a time, each in a fresh process.
+differs is printed with its differences. Runs go two at a time, each in a fresh process.
 """
 import argparse
 import csv
 import dataclasses
+import importlib
 import json
 import os
 import subprocess
@@ -25,7 +28,6 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import rlhf_iif  # noqa: E402
 
 
 def rows(path):
@@ -33,9 +35,10 @@ def rows(path):
         return [{k: v for k, v in r.items() if not k.startswith("t_")} for r in csv.DictReader(f)]
 
 
-def flags(config, today):
+def flags(config, today, script):
+    module = importlib.import_module(script[:-3])
     out = []
-    for field in dataclasses.fields(rlhf_iif.Args):
+    for field in dataclasses.fields(module.Args):
         k = field.name
         if k not in config or k in today or config[k] is None or k in ("run_name", "runs_dir", "resume"):
             continue
@@ -66,7 +69,8 @@ def compare(old, new):
 
 
 def run(script, config, today, out, name):
-    cmd = [sys.executable, script, *flags(config, today), "--runs-dir", out, "--run-name", name]
+    cmd = [sys.executable, script, *flags(config, today, os.path.basename(script).replace("_old", "")),
+           "--runs-dir", out, "--run-name", name]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
                           env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     if proc.returncode:
@@ -77,34 +81,40 @@ def run(script, config, today, out, name):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+")
-    ap.add_argument("--commit", required=True, help="the earlier rlhf_iif.py")
+    ap.add_argument("--commit", help="the earlier file; without it, the committed runs themselves")
+    ap.add_argument("--script", default="rlhf_iif.py", choices=["rlhf_iif.py", "rlhf_variants.py"])
     ap.add_argument("--today", nargs="*", default=[], help="flags (Args fields) that take today's default in "
                                                            "today's run")
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="rlhf_rerun_")
-    old_script = os.path.join(tmp, "rlhf_iif_old.py")
-    with open(old_script, "w") as f:
-        f.write(subprocess.run(["git", "show", f"{a.commit}:rlhf_iif.py"], cwd=ROOT, check=True,
-                               capture_output=True, text=True).stdout)
     jobs = []
     for path in a.runs:
         name = os.path.basename(path.rstrip("/"))
         config = json.load(open(os.path.join(path, "config.json")))
-        jobs += [(name, "old", old_script, config, set()),
-                 (name, "today", os.path.join(ROOT, "rlhf_iif.py"), config, set(a.today))]
+        jobs.append((name, "today", os.path.join(ROOT, a.script), config, set(a.today)))
+        if a.commit:
+            old_script = os.path.join(tmp, a.script.replace(".py", "_old.py"))
+            with open(old_script, "w") as f:
+                f.write(subprocess.run(["git", "show", f"{a.commit}:{a.script}"], cwd=ROOT, check=True,
+                                       capture_output=True, text=True).stdout)
+            jobs.append((name, "old", old_script, config, set()))
     with ThreadPoolExecutor(a.jobs) as pool:
         done = list(pool.map(lambda j: (j[0], j[1], run(j[2], j[3], j[4], os.path.join(tmp, j[1]), j[0])), jobs))
     got = {(name, which): r for name, which, r in done}
-    print(f"rlhf_iif.py at {a.commit} against today's" + (f" (today's default for {', '.join(a.today)})"
-                                                           if a.today else "") + ":")
+    other = f"{a.script} at {a.commit}" if a.commit else "the committed run"
+    print(f"{other} against today's {a.script}" + (f" (today's default for {', '.join(a.today)})"
+                                                  if a.today else "") + ":")
     identical = 0
     for path in a.runs:
         name = os.path.basename(path.rstrip("/"))
-        verdict = compare(got[name, "old"], got[name, "today"])
+        committed = rows(os.path.join(path, "metrics.csv"))
+        verdict = compare(got[name, "old"] if a.commit else committed, got[name, "today"])
         identical += verdict.startswith("IDENTICAL")
-        committed = compare(rows(os.path.join(path, "metrics.csv")), got[name, "old"]).split("\n")[0]
-        print(f"{name}: {verdict}\n    (the committed run against {a.commit}'s rerun here: {committed})")
+        print(f"{name}: {verdict}")
+        if a.commit:
+            print(f"    (the committed run against {a.commit}'s rerun here: "
+                  f"{compare(committed, got[name, 'old']).split(chr(10))[0]})")
     print(f"{identical} of {len(a.runs)} identical")
 
 

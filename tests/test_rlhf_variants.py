@@ -203,3 +203,18 @@ def test_without_its_flags_it_writes_what_rlhf_iif_writes(tmp_path, toy):
         [{k: v for k, v in r.items() if not k.startswith("t_")} for r in core_rows]
     core_episodes = [json.loads(line) for line in open(tmp_path / "core" / "episodes.jsonl")]
     assert [{k: v for k, v in e.items() if k != "weight"} for e in episodes] == core_episodes
+
+
+def test_analysis_ippo_draws_and_tabulates(tmp_path, cot_toy):
+    for label, extra in [("sft", ["--no-train", "--filter-method", "none"]), ("none", ["--filter-method", "none"]),
+                         ("i-ppo", ["--filter-method", "i-ppo"])]:
+        run_variants(tmp_path, cot_flags(cot_toy, *extra, "--rounds", "3"), f"t-cot__{label}__1")
+    out = tmp_path / "ippo.png"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "analysis.py"), "ippo", "--runs", str(tmp_path),
+                           "--env", "t-cot", "--last", "2", "--out", str(out)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.stat().st_size > 10_000 and (tmp_path / "ippo_kept.png").stat().st_size > 5_000
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("| I-PPO | 1 |") for line in lines) and any(line.startswith("| PPO | 1 |") for line in lines)
+    assert any(line.startswith("| PPO (1 seeds) |") for line in lines)  # I-PPO minus PPO, seed by seed
