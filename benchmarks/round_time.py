@@ -51,6 +51,23 @@ def policy_of(shape, vocab, eos):
                                           intermediate_size=4 * width, max_position_embeddings=2048, **ids))
 
 
+def build(root, shape, device, n_prompts):
+    """The task in root: policy/ (the shape, random weights), reward/ (a tiny untrained classifier) and
+    prompts.jsonl; returns the policy's parameter count"""
+    torch.manual_seed(0)
+    tok = byte_tokenizer()
+    write_data(root, random.Random(0), n_prompts=n_prompts)
+    with torch.device(device):
+        lm = policy_of(shape, len(tok), tok.eos_token_id)
+    lm.save_pretrained(os.path.join(root, "policy"))
+    n_params = sum(p.numel() for p in lm.parameters())
+    del lm
+    tiny_classifier(tok, ["nothate", "hate"]).save_pretrained(os.path.join(root, "reward"))
+    for name in ("policy", "reward"):
+        tok.save_pretrained(os.path.join(root, name))
+    return n_params
+
+
 def libraries():
     import peft
     import transformers
@@ -108,17 +125,7 @@ def main():
     else:
         import grpo_iif as script
     root = tempfile.mkdtemp(prefix="round_time_")
-    torch.manual_seed(0)
-    tok = byte_tokenizer()
-    write_data(root, random.Random(0), n_prompts=2 * a.batch_size * (a.rounds + 1))
-    with torch.device(a.device):
-        lm = policy_of(a.shape, len(tok), tok.eos_token_id)
-    lm.save_pretrained(os.path.join(root, "policy"))
-    n_params = sum(p.numel() for p in lm.parameters())
-    del lm
-    tiny_classifier(tok, ["nothate", "hate"]).save_pretrained(os.path.join(root, "reward"))
-    for name in ("policy", "reward"):
-        tok.save_pretrained(os.path.join(root, name))
+    n_params = build(root, a.shape, a.device, n_prompts=2 * a.batch_size * (a.rounds + 1))
     rows, first = {"none": [], "influence": []}, {"none": [], "influence": []}
     for rep in range(a.reps):
         for method in rows:
