@@ -8,7 +8,7 @@ rest (Alg. 1). TRL no longer ships a PPO trainer (its classic PPOTrainer.step en
 so the PPO step for language models is written out below, following TRL 0.11's.
 
     python rlhf_iif.py --filter-method influence             # the paper's run: hub models, a GPU
-    python rlhf_iif.py --filter-method influence --compile   # its optimizer step as a CUDA graph
+    python rlhf_iif.py --filter-method influence --compile   # one CUDA graph a step (untried)
     bash results/rlhf_toy.sh "1" "influence"                 # offline on a CPU, a toy task
 """
 import contextlib
