@@ -618,16 +618,15 @@ def memory_for_grads(device):
 class CompiledStep:
     """ppo_update's step at static shapes, the same algorithm: the round's buffer in persistent
     tensors, a minibatch an index copied into a fixed tensor (a short last one padded with weight-0
-    episodes), forward and loss under torch.compile (one graph). On CUDA, after 3 warm-up steps on
-    a side stream, forward, loss, backward and Adam's step are captured as one CUDA graph
-    (PyTorch's whole-network capture); a step is then a replay: no Python, no host sync. The
-    reference pass and the influence stay eager (peft's disable_adapter() fails compiled)."""
+    episodes), forward and loss under torch.compile. On CUDA, after 3 warm-up steps on a side
+    stream, forward, loss, backward and Adam's step are captured as one CUDA graph (PyTorch's
+    whole-network capture), then replayed: no Python, no host sync in a step."""
     KEYS = ("ids", "attn", "mask", "logprobs", "values", "advantages", "returns")
 
     def __init__(self, policy, optimizer, args, device):
         self.policy, self.optimizer, self.args = policy, optimizer, args
         self.cuda = device.type == "cuda"
-        self.warmup = 3 if self.cuda else 0
+        self.warmup = self.warmup0 = 3 if self.cuda else 0
         self.idx = torch.zeros(args.mini_batch_size, dtype=torch.long, device=device)
         self.w = torch.zeros(args.mini_batch_size, device=device)
         self.b, self.graph = None, None
@@ -638,8 +637,9 @@ class CompiledStep:
 
     def load(self, b):
         """The round's buffer, copied into the tensors the step reads"""
-        if self.b is None or self.b["ids"].shape != b["ids"].shape:
-            self.b, self.graph = {k: b[k].clone() for k in self.KEYS}, None
+        if self.b is None or self.b["ids"].shape != b["ids"].shape:  # new shapes: warm up again
+            self.b = {k: b[k].clone() for k in self.KEYS}
+            self.graph, self.warmup = None, self.warmup0
         for k in self.KEYS:
             self.b[k].copy_(b[k])
 
@@ -656,7 +656,7 @@ class CompiledStep:
         stream = torch.cuda.Stream() if self.cuda else None
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        with torch.cuda.stream(stream):  # with None, no stream: a no-op
             loss = self.loss()
             self.optimizer.zero_grad()
             loss.backward()
@@ -674,6 +674,7 @@ class CompiledStep:
             self.out.backward()
             self.optimizer.step()
 
+
 def make_optimizer(policy, args, device):
     """Adam on what trains; on CUDA fused (one kernel for every tensor) and, with --compile,
     capturable (its step count on the device, as a CUDA graph needs; the rate, constant, a float)"""
@@ -684,10 +685,9 @@ def make_optimizer(policy, args, device):
 
 
 def static_cache(lm, length, device):
-    """--compile's generate() arguments: a static KV cache, whose decoding step transformers
-    compiles on CUDA (static shapes, CUDA graphs). GPT-Neo's local attention reads its window
-    from the cache's length, so the cache is exact only while prompt + continuation fit in the
-    window (256 tokens for gpt-neo-2.7B); beyond it generation keeps the dynamic cache."""
+    """--compile's generate() arguments: a static KV cache, decoded compiled on CUDA. GPT-Neo's
+    local attention reads its window from the cache's length: exact only while prompt +
+    continuation fit in it (256 tokens for gpt-neo-2.7B); past it, the dynamic cache."""
     if "local" in getattr(lm.config, "attention_layers", []) and length > lm.config.window_size:
         return {}
     from transformers import CompileConfig
