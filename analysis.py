@@ -687,8 +687,8 @@ def cmd_ippo(args):
     fig, axes = plt.subplots(len(tasks), 3, figsize=(14, 3.3 * len(tasks)), squeeze=False)
     kfig, kaxes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 3.3), squeeze=False)
     for (env, runs), ax, kax in zip(tasks, axes, kaxes[0]):
-        cot = not np.isnan(next(iter(runs.values()))[next(iter(next(iter(runs.values()))))][0]
-                           .get("eval_accuracy", np.nan))
+        first_row = next(iter(next(iter(runs.values())).values()))[0]
+        cot = not np.isnan(first_row.get("eval_accuracy", np.nan))
         metric, name = ("eval_accuracy", "test accuracy") if cot else ("eval_toxicity", "test toxicity")
         labels = [lb for lb in IPPO_LABELS if lb in runs]
         print(f"\n{env}: mean [95 % bootstrap interval] over seeds; reward and {name}: means of the last "

@@ -229,6 +229,7 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
         super().__init__(*a, **kw)
         args = self.iif_args
         self.evaluation = None  # load_evaluation's test set, set by make_trainer
+        self.references = None  # i-ppo's reference_batch, made once
         self.test_column = "eval_accuracy" if args.reward_fn == "exact-answer" else "eval_toxicity"
         i = self.columns.index("n_negative") + 1
         self.columns = self.columns[:i] + [self.test_column] + self.columns[i:] + ["t_eval"]
@@ -295,7 +296,7 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
         --validation-size held-out questions, left-padded, and their reference answers with EOS,
         right-padded; A_hat = answers / their tokens, so that f_seq on it is the mean log-likelihood
         per token"""
-        if getattr(self, "references", None) is None:
+        if self.references is None:
             acc, tok = self.accelerator, self.processing_class
             rows = self.held_rows[:self.iif_args.validation_size]
             n = len(rows) // acc.num_processes

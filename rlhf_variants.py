@@ -236,6 +236,7 @@ def main(args):
                                          args, device)[0]
                 scores = rlhf_iif.influence(policy, b, t, args)
                 kept = rlhf_iif.filter_records(scores, args.filter_method, args.filter_p, gen)
+            kept = kept.to(device)
             if scores is not None and not torch.isfinite(scores).all():
                 fail(f"round {k}: non-finite influence scores; lower --learning-rate")
             t_influence = timer(device) - t0
@@ -256,7 +257,7 @@ def main(args):
                        n_negative="" if scores is None else int((scores < 0).sum()), loss=loss,
                        n_updates=n_updates, eval_toxicity="", t_generate=t_generate,
                        t_forward=t_forward, t_influence=t_influence, t_optim=t_optim, t_eval=0.0,
-                       weight_max=weights[kept.to(device)].max().item() if any(kept_list) else "",
+                       weight_max=weights[kept].max().item() if any(kept_list) else "",
                        eval_accuracy="", eval_unfaithful="", unfaithful_buffer="",
                        unfaithful_kept="")
             if cot:
@@ -276,7 +277,7 @@ def main(args):
                                                              eval_clf, args, device)
                 row["t_eval"] = timer(device) - t0
             # each episode's loss weight in Stage III, 0 when it was not trained on
-            fields = dict(weight=torch.where(kept.to(device), weights, 0.0).tolist())
+            fields = dict(weight=torch.where(kept, weights, 0.0).tolist())
             if cot:
                 fields.update(right=[r for r, _ in marks], faithful=[f for _, f in marks])
             run.end_round(row, b, queries, scores, kept, tokenizer, **fields)
