@@ -618,28 +618,42 @@ def memory_for_grads(device):
 class CompiledStep:
     """ppo_update's step at static shapes, the same algorithm: the round's buffer in persistent
     tensors, a minibatch an index copied into a fixed tensor (a short last one padded with weight-0
-    episodes), forward and loss under torch.compile. On CUDA, after 3 warm-up steps on a side
-    stream, forward, loss, backward and Adam's step are captured as one CUDA graph (PyTorch's
-    whole-network capture), then replayed: no Python, no host sync in a step."""
+    episodes), forward and loss under torch.compile. With graph (default on CUDA), after 3 warm-up
+    steps on a side stream, forward, loss, backward and Adam's step are captured as one CUDA graph
+    (PyTorch's whole-network capture), then replayed: no Python, no host sync in a step. New
+    shapes, or optimizer state loaded (--resume), warm up and capture again."""
     KEYS = ("ids", "attn", "mask", "logprobs", "values", "advantages", "returns")
 
-    def __init__(self, policy, optimizer, args, device):
+    def __init__(self, policy, optimizer, args, device, graph=None):
         self.policy, self.optimizer, self.args = policy, optimizer, args
-        self.cuda = device.type == "cuda"
-        self.warmup = self.warmup0 = 3 if self.cuda else 0
+        self.cuda = device.type == "cuda" if graph is None else graph
+        self.warmup0 = 3 if self.cuda else 0
         self.idx = torch.zeros(args.mini_batch_size, dtype=torch.long, device=device)
         self.w = torch.zeros(args.mini_batch_size, device=device)
-        self.b, self.graph = None, None
+        self.b = None
+        self.reset()
+        # loaded state replaces the tensors a captured graph reads and writes
+        optimizer.register_load_state_dict_post_hook(lambda _: self.reset())
         self.loss = torch.compile(self.minibatch_loss, fullgraph=True, dynamic=False)
+
+    def reset(self):
+        self.graph, self.warmup = None, self.warmup0
 
     def minibatch_loss(self):  # the weighted mean of the minibatch's l_i (its weights / n here)
         return (ppo_losses(self.policy, self.b, self.idx, self.args) * self.w).sum()
+
+    def body(self):
+        """What a step runs, and a CUDA graph holds: loss, backward, Adam"""
+        loss = self.loss()
+        loss.backward()
+        self.optimizer.step()
+        return loss
 
     def load(self, b):
         """The round's buffer, copied into the tensors the step reads"""
         if self.b is None or self.b["ids"].shape != b["ids"].shape:  # new shapes: warm up again
             self.b = {k: b[k].clone() for k in self.KEYS}
-            self.graph, self.warmup = None, self.warmup0
+            self.reset()
         for k in self.KEYS:
             self.b[k].copy_(b[k])
 
@@ -657,22 +671,19 @@ class CompiledStep:
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # with None, no stream: a no-op
-            loss = self.loss()
             self.optimizer.zero_grad()
-            loss.backward()
-            self.optimizer.step()
+            loss = self.body()
         if stream is not None:
             torch.cuda.current_stream().wait_stream(stream)
         self.warmup -= 1
         return loss.detach()
 
     def capture(self):
-        self.optimizer.zero_grad()  # the gradients then live in the graph's memory
+        self.optimizer.zero_grad(set_to_none=True)  # the gradients then live in the graph's memory
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = self.loss()
-            self.out.backward()
-            self.optimizer.step()
+        # a recompile inside a capture would read the CUDA RNG state, which a capture forbids
+        with torch.compiler.set_stance("fail_on_recompile"), torch.cuda.graph(self.graph):
+            self.out = self.body()
 
 
 def make_optimizer(policy, args, device):

@@ -1,12 +1,15 @@
 import os
 import random
+import signal
+import subprocess
 import sys
 
 import pytest
 import torch
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# offline whatever the shell exported: a hub call retries for about 50 s before it fails
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_classifier, tiny_lm, write_data  # noqa: E402
@@ -26,3 +29,28 @@ def toy(tmp_path_factory):
         model.save_pretrained(out / name)
         tok.save_pretrained(out / name)
     return out
+
+
+KILLER = """
+import os, runpy, signal, sys
+sys.argv = {argv!r}
+sys.path.insert(0, os.path.dirname({script!r}))
+import {module} as m
+real, calls = m.{name}, []
+def killed_at_call_n(*a, **kw):
+    calls.append(1)
+    if len(calls) == {n}:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*a, **kw)
+m.{name} = killed_at_call_n
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def run_killed(argv, module, name, n, env):
+    """The command argv (python SCRIPT flags...) killed with SIGKILL as it calls module.name for the n-th time: a
+    kill at a known point of the run, whatever the machine's load"""
+    script = argv[1]
+    code = KILLER.format(argv=argv[1:], script=script, module=module, name=name, n=n)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]

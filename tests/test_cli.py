@@ -58,14 +58,13 @@ def test_every_preset_runs_two_rounds(tmp_path, env_id):
         assert int(r["n_kept"]) + int(r["n_dropped"]) == int(r["n_records"]) == 32
         # a round whose target gradients disagree across the buffer's slices drops nothing
         if "min_agreement" in preset:
-            assert -1 <= float(r["agreement"]) <= 1
             p = preset["filter_p"] if float(r["agreement"]) >= preset["min_agreement"] else 0
         else:  # the paper's envs filter every round, and do not compute the agreement
             p = preset["filter_p"]
             assert r["agreement"] == ""
-        assert int(r["n_dropped"]) == int(int(r["n_negative"]) * p) and float(r["kl"]) >= 0
-        assert int(r["n_updates"]) == 2 * (int(r["n_kept"]) // 16)
-        assert float(r["test_return_std"]) >= 0 and float(r["t_optim"]) > 0
+        assert int(r["n_dropped"]) == int(int(r["n_negative"]) * p)
+        assert int(r["n_updates"]) == 2 * (int(r["n_kept"]) // 16) > 0
+        assert float(r["kl"]) > 0 and float(r["t_optim"]) > 0  # the update moved the policy
     assert "round 1 [2/2]" in proc.stdout
 
 
@@ -84,11 +83,32 @@ def test_iif_py_alone_runs_the_presets_on_gymnasium(tmp_path):
 
 @pytest.mark.parametrize("method", ["adv-error", "adv-product", "td-weight"])
 def test_baseline_filters_run(tmp_path, method):
-    run(tmp_path, "--env-id", "FrozenLake-v1", "--filter-method", method, *SHORT, script="iif_variants.py")
+    """App. C.4's heuristics drop floor(p x n) of the n records whose Monte-Carlo advantage and estimate disagree in
+    sign, the largest |A_mc - A_hat| (adv-error) or the most negative A_mc x A_hat (adv-product) first; C.5's
+    td-weight drops nothing and samples instead"""
+    longer = [] if method == "td-weight" else ["--num-steps", "256", "--total-timesteps", "512"]  # episodes end
+    run(tmp_path, "--env-id", "FrozenLake-v1", "--filter-method", method, "--save-rounds", *SHORT, *longer,
+        script="iif_variants.py")
     rows = read_metrics(tmp_path)
     assert len(rows) == 2
     if method == "td-weight":
         assert all(r["n_dropped"] == "0" and r["n_updates"] == "4" for r in rows)
+        return
+    assert sum(int(r["n_dropped"]) for r in rows) > 0
+    for k in (0, 1):
+        b = torch.load(tmp_path / "r" / "rounds" / f"round_000{k}.pt")
+        states = np.array([o.tobytes() for o in b["obs"].numpy()]).reshape(256, 1)
+        a_mc = torch.from_numpy(variants.mc_advantage(states, b["actions"].numpy().reshape(256, 1),
+                                                      b["rewards"].numpy().reshape(256, 1),
+                                                      b["dones"].numpy().reshape(256, 1), 0.99).reshape(-1))
+        a_hat = (b["returns"] - b["values"]).double()
+        mismatch = a_mc * a_hat < 0
+        bad = (a_mc - a_hat).abs() if method == "adv-error" else -a_mc * a_hat
+        dropped = ~b["kept"]
+        assert int(dropped.sum()) == int(rows[k]["n_dropped"]) == int(0.5 * int(mismatch.sum()))
+        assert mismatch[dropped].all()
+        if dropped.any() and (mismatch & ~dropped).any():
+            assert bad[dropped].min() >= bad[mismatch & ~dropped].max()
 
 
 @pytest.mark.parametrize("script", ["iif.py", "iif_variants.py"])
@@ -139,10 +159,25 @@ def test_same_seed_same_metrics(tmp_path, backend):
 
 
 def test_f_action_target_from_the_command_line(tmp_path):
+    """--target f_action --target-state 0 --target-action 2 on FrozenLake scores each record by
+    <grad log pi(2 | s=0), -grad l_i> at theta(k), l_i the policy terms with A_hat normalised over B(k)"""
     run(tmp_path, "--env-id", "FrozenLake-v1", "--target", "f_action", "--target-state", "0",
         "--target-action", "2", "--save-rounds", *SHORT, script="iif_variants.py")
     r0 = torch.load(tmp_path / "r" / "rounds" / "round_0000.pt")
-    assert r0["target"] == "f_action" and r0["influence"].abs().max() > 0
+    assert r0["target"] == "f_action"
+    agent = iif.Agent(iif.gym.spaces.Box(0, 1, (16,)), iif.gym.spaces.Discrete(4))
+    agent.load_state_dict(r0["state_dict"])
+    params = [p for n, p in agent.named_parameters() if not n.startswith("critic")]
+    s0 = torch.eye(16)[:1]
+    g = torch.autograd.grad(agent(s0, torch.tensor([2]), critic=False)[0].sum(), params)
+    args = SimpleNamespace(clip_coef=0.2, vf_coef=0.5, ent_coef=0.0)
+    adv = iif.normalize(r0["advantages"])
+    for i in range(32):
+        loss = iif.ppo_losses(agent, r0, [i], args, adv=adv[[i]], vf_coef=0.0).sum()
+        g_i = torch.autograd.grad(loss, params)
+        expected = -sum((a * c).sum() for a, c in zip(g, g_i))
+        assert float(r0["influence"][i]) == pytest.approx(float(expected), rel=1e-4, abs=1e-7)
+    assert r0["influence"].abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("script,flags,message", [
@@ -202,8 +237,9 @@ def test_interrupt_keeps_every_written_round(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     path = tmp_path / "r" / "metrics.csv"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (path.exists() and len(path.read_text().splitlines()) >= 3):
+    deadline = time.time() + 600  # a loaded machine is slow; the run (1000 rounds) cannot end first
+    while not (path.exists() and len(path.read_text().splitlines()) >= 3):
+        assert proc.poll() is None and time.time() < deadline, "no two rounds written"
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)

@@ -170,6 +170,9 @@ def test_filter_records():
     # p of the 3 negatives: floor(0.5 * 3) = 1, the most negative
     assert grpo_iif.filter_records(scores, "influence", 0.5, gen).tolist() == [True, True, True, False, True, True]
     assert int(grpo_iif.filter_records(scores, "random", None, gen).sum()) == 2
+    many = -torch.ones(100) - torch.arange(100) / 1000  # 100 negatives: p x 100 is 28.999.. in floating point
+    for p in (0.29, 0.57, 0.58):
+        assert int((~grpo_iif.filter_records(many, "influence", p, gen)).sum()) == round(100 * p)
 
 
 def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy, capsys):

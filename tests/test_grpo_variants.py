@@ -2,10 +2,8 @@
 (--reward-fn exact-answer) and TRL's checkpoints, on the tiny task of tests/conftest.py (offline)."""
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -13,6 +11,7 @@ import tyro
 
 import grpo_iif
 import grpo_variants
+from conftest import run_killed
 from test_grpo import ROOT, flags, parse, read_rows, runs, trainer_and_batch  # noqa: F401 (runs: a fixture)
 
 
@@ -73,14 +72,9 @@ def test_killed_run_resumes_from_its_last_checkpoint(toy, tmp_path):
                 "--save-steps", "4", *extra]
     subprocess.run(cmd("whole", 6), env=env, check=True, capture_output=True, timeout=300)
     run = tmp_path / "killed"
-    proc = subprocess.Popen(cmd("killed", 100), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:  # one generation batch a step: kill it once the 6th has begun, before its next checkpoint (step 8)
-        while not ((run / "metrics.csv").exists() and len(read_rows(run)) >= 5):
-            assert proc.poll() is None, "the run ended first"
-            time.sleep(0.01)
-    finally:
-        proc.kill()
-    assert proc.wait() == -signal.SIGKILL
+    # one generation batch a step: killed as the 6th is filtered, before its next checkpoint (step 8)
+    run_killed(cmd("killed", 100), "grpo_iif", "filter_records", 6, env)
+    assert len(read_rows(run)) == 5
     assert sorted(p.name for p in run.glob("checkpoint-*")) == ["checkpoint-4"]
     out = subprocess.run(cmd("killed", 6, "--resume-from-checkpoint", "last"), env=env, capture_output=True,
                          text=True, timeout=300)

@@ -1,6 +1,5 @@
 """Influence, TracIn, filtering and GAE of iif.py and iif_variants.py against plain reference computations."""
 import copy
-import math
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -214,10 +213,14 @@ def test_keep_ties_drops_only_records_strictly_below_the_cut():
         assert n_neg == 2 and kept.all()
 
 
-def test_floor_is_robust_to_float_rounding():
-    scores = -torch.ones(100)
-    kept, _ = variants.filter_records(scores, "influence", 0.29, torch.Generator(), ties="drop")
-    assert int((~kept).sum()) == 29 == math.floor(29.0)
+@pytest.mark.parametrize("p", [0.29, 0.57, 0.58])
+def test_floor_is_robust_to_float_rounding(p):
+    """p x 100 negatives in floating point is 28.999.., 56.999.., 57.999..: the count must still be floor(100 p)"""
+    scores = -torch.ones(100) - torch.arange(100) / 1000  # no ties
+    assert p * 100 < round(p * 100)
+    for drop in (lambda: iif.filter_records(scores, "influence", p, torch.Generator())[0],
+                 lambda: variants.filter_records(scores, "influence", p, torch.Generator(), ties="drop")[0]):
+        assert int((~drop()).sum()) == round(p * 100)
 
 
 # ---- GAE ----
@@ -239,7 +242,8 @@ def reference_gae(rewards, values, next_values, terms, dones, gamma, lam):
     return adv
 
 
-def test_gae_with_termination_and_truncation():
+@pytest.mark.parametrize("gamma, lam", [(0.99, 0.95), (0.9, 0.5)])
+def test_gae_with_termination_and_truncation(gamma, lam):
     torch.manual_seed(0)
     T, N = 12, 2
     rewards, values = torch.randn(T, N, dtype=torch.float64), torch.randn(T, N, dtype=torch.float64)
@@ -249,13 +253,29 @@ def test_gae_with_termination_and_truncation():
     dones = torch.clamp(terms + truncs, max=1)
     next_values = torch.cat([values[1:], torch.randn(1, N, dtype=torch.float64)])
     next_values[7, 0], next_values[4, 1] = 5.0, -5.0  # V(final observation) of the truncated episodes
-    adv, ret = iif.compute_gae(rewards, values, next_values, terms, dones, 0.99, 0.95)
-    ref = reference_gae(rewards, values, next_values, terms, dones, 0.99, 0.95)
+    adv, ret = iif.compute_gae(rewards, values, next_values, terms, dones, gamma, lam)
+    ref = reference_gae(rewards, values, next_values, terms, dones, gamma, lam)
     torch.testing.assert_close(adv, ref)
     torch.testing.assert_close(ret, ref + values)
     # the truncated step bootstraps from its final observation, the terminated one from nothing
-    torch.testing.assert_close(adv[7, 0], rewards[7, 0] + 0.99 * 5.0 - values[7, 0])
+    torch.testing.assert_close(adv[7, 0], rewards[7, 0] + gamma * 5.0 - values[7, 0])
     torch.testing.assert_close(adv[3, 0], rewards[3, 0] - values[3, 0])
+
+
+def test_the_rollout_uses_the_flags_gamma_and_lambda():
+    """collect_rollout's advantages are the GAE of its own rewards, values and episode ends at --gamma and
+    --gae-lambda (not the defaults)"""
+    args = iif.resolve_args(iif.Args(env_id="CartPole-v1", num_steps=64, num_envs=2, minibatch_size=64,
+                                           total_timesteps=128, gamma=0.9, gae_lambda=0.5, env_backend="gymnasium"))
+    torch.manual_seed(0)
+    envs = iif.make_vec(args, 2)
+    agent = iif.Agent(envs.single_observation_space, envs.single_action_space)
+    obs, _ = envs.reset(seed=0)
+    b = iif.collect_rollout(agent, envs, obs, np.zeros(2), args)[0]
+    assert b["dones"].sum() > 0  # episodes end inside the buffer: the cut matters
+    shape = lambda k: b[k].view(64, 2).double()  # noqa: E731  record t * num_envs + e
+    ref = reference_gae(*(shape(k) for k in ("rewards", "values", "next_values", "terminations", "dones")), 0.9, 0.5)
+    torch.testing.assert_close(b["advantages"].view(64, 2).double(), ref, rtol=1e-5, atol=1e-5)
 
 
 # ---- the baselines of App. C.4 and C.5 ----

@@ -1,6 +1,8 @@
 """The README and docs/ map the paper onto the scripts' lines, their links resolve, their commands run as
 written, and the README's commands stay the ones CI runs."""
+import contextlib
 import glob
+import io
 import os
 import re
 import shlex
@@ -127,7 +129,12 @@ def test_every_command_runs_as_written(page, command, tmp_path):
     script, flags = argv[0], argv[1:]
     if script in ("iif.py", "iif_variants.py"):
         module = iif if script == "iif.py" else iif_variants
-        if flags == ["--help"]:
+        if flags == ["--help"]:  # the help names the flags of Alg. 1
+            text = io.StringIO()
+            with pytest.raises(SystemExit) as e, contextlib.redirect_stdout(text):
+                tyro.cli(module.Args, args=["--help"])
+            assert e.value.code == 0
+            assert all(f in text.getvalue() for f in ("--env-id", "--filter-method", "--filter-p", "--learning-rate"))
             return
         args = module.resolve_args(tyro.cli(module.Args, args=[*flags, "--runs-dir", str(tmp_path)]))
         assert args.num_rounds >= 1
@@ -135,9 +142,12 @@ def test_every_command_runs_as_written(page, command, tmp_path):
     if script == "analysis.py":
         import analysis
         out = tmp_path / "out.png"
-        with mock.patch.object(sys, "argv", [script, *flags, *(["--out", str(out)] if "curves" in flags else [])]):
+        text = io.StringIO()
+        with mock.patch.object(sys, "argv", [script, *flags, *(["--out", str(out)] if "curves" in flags else [])]), \
+                contextlib.redirect_stdout(text):
             analysis.main()  # in this process: a failure exits with the message
+        assert "| " in text.getvalue() or out.stat().st_size > 10_000  # a table, or a figure
         return
     proc = subprocess.run([sys.executable, script, *flags, "--help"], capture_output=True, text=True, cwd=ROOT,
                           timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
-    assert proc.returncode == 0, f"{page}: {command}\n{proc.stderr[-2000:]}"
+    assert proc.returncode == 0 and "usage:" in proc.stdout, f"{page}: {command}\n{proc.stderr[-2000:]}"

@@ -1,8 +1,12 @@
 """rlhf_iif.py --compile on the CPU (forward and loss under torch.compile; the CUDA graph around them needs a GPU:
-benchmarks/gpu_check.sh): the same algorithm as the eager step, at static shapes, on the tests' 2-layer GPT-2."""
+benchmarks/gpu_check.sh): the same algorithm as the eager step, at static shapes, on the tests' 2-layer GPT-2; the
+CUDA-graph path of CompiledStep with a stand-in for torch.cuda; and gpu_check.sh itself at a tiny shape."""
+import contextlib
 import copy
-import json
 import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,7 +14,7 @@ import tyro
 
 import rlhf_iif
 from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_lm
-from test_rlhf import flags, perturb_, run_main
+from test_rlhf import ROOT, flags, perturb_, run_main
 
 CPU = torch.device("cpu")
 
@@ -125,25 +129,243 @@ def test_non_finite_loss_stops_the_run_before_anything_non_finite_is_written(tmp
     assert not (run / "checkpoint.pt").exists() and not (run / "policy").exists()
 
 
-def test_compile_end_to_end(tmp_path, toy):
-    """rlhf_iif.py --compile through main: two rounds, and the trained policy saved"""
-    rows = run_main(tmp_path, toy, "--compile", "--rounds", "2", "--eval-every", "0")
-    assert len(rows) == 2 and 0 < int(rows[1]["n_kept"]) < 8
-    assert json.load(open(tmp_path / "r" / "config.json"))["compile"] is True
-    assert os.path.exists(tmp_path / "r" / "policy" / "adapter_config.json")
+def trained(policy):
+    return {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
 
 
-def test_gpu_check_runs_end_to_end_at_a_tiny_shape(tmp_path):
-    """benchmarks/gpu_check.sh as a GPU machine runs it, on the CPU at a tiny shape: every part ends well and
-    writes its printout"""
-    import subprocess
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, DEVICE="cpu", SHAPE="32x2", QWEN_SHAPE="32x2", BATCH="4", EAGER_BATCH="4",
-               GRPO_BATCH="16", GRPO_TOKENS="4", OUT=str(tmp_path))
-    proc = subprocess.run(["bash", os.path.join(root, "benchmarks", "gpu_check.sh")], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    for part in ("step_check", "round_time_rlhf_compile", "round_time_rlhf_eager", "round_time_grpo"):
-        assert f"{part}: exit 0" in proc.stdout, proc.stdout[-3000:]
-    assert "no recompile after step 1" in (tmp_path / "step_check.md").read_text()
-    assert "| optimiser step, ms |" in (tmp_path / "round_time_rlhf_compile.md").read_text()
+def eager_steps(policy, optimizer, b, mbs, args):
+    """ppo_update's eager step on each minibatch of mbs: the losses"""
+    losses = []
+    for mb in mbs:
+        loss = rlhf_iif.ppo_losses(policy, b, mb, args).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+def compiled_steps(step, b, mbs):
+    step.load(b)
+    return [step(mb, torch.ones(len(mb))).item() for mb in mbs]
+
+
+class FakeCuda:
+    """torch.cuda's streams and graphs on the CPU. Work inside torch.cuda.stream(s) is marked as on a side stream;
+    capturing records (and, like a real capture, does not do) the step's work: the trained weights and Adam's state
+    are put back afterwards; a replay does the captured work again, writing fresh gradients and, in place, the
+    captured output, as a replay writes into the graph's memory."""
+
+    def __init__(self, policy, optimizer):
+        self.policy, self.optimizer, self.step, self.events, self.side = policy, optimizer, None, [], False
+        fake = self
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        class CUDAGraph:
+            def replay(self):
+                fake.events.append("replay")
+                for p in fake.params():
+                    p.grad = None
+                fake.step.out.copy_(fake.step.body())
+        self.Stream, self.CUDAGraph = Stream, CUDAGraph
+
+    def params(self):
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def current_stream(self):
+        return self.Stream()
+
+    @contextlib.contextmanager
+    def stream(self, s):
+        if s is not None:
+            self.events.append("side stream")
+            self.side = True
+        yield
+        self.side = False
+
+    @contextlib.contextmanager
+    def graph(self, g):
+        assert all(p.grad is None for p in self.params()), "zero_grad(set_to_none=True) before capture"
+        assert torch._dynamo.eval_frame._stance.stance == "fail_on_recompile", "capture under fail_on_recompile"
+        weights = [p.detach().clone() for p in self.params()]
+        state = copy.deepcopy(self.optimizer.state_dict()["state"])
+        self.events.append("capture")
+        yield
+        with torch.no_grad():
+            for p, w in zip(self.params(), weights):
+                p.copy_(w)
+        for i, s in state.items():
+            for k, v in s.items():
+                self.optimizer.state[self.params()[i]][k].copy_(v)
+
+
+def test_cuda_graph_path_warms_up_captures_and_replays_as_eager_steps(toy, monkeypatch):
+    """CompiledStep's CUDA path on the CPU (torch.compile and torch.cuda stood in for): 3 warm-up steps on a side
+    stream, a capture after zero_grad(set_to_none=True), then replays whose outputs are cloned; new shapes and
+    loaded optimizer state warm up and capture again; every loss and weight as the eager steps give them"""
+    args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile")
+    torch.manual_seed(1)
+    bs = [rlhf_iif.rollout(policy, ref, prompts[8 * i:8 * i + 8], 0.05, reward_fn, tok, args, CPU)[0]
+          for i in range(2)]
+    bs.append(rlhf_iif.rollout(policy, ref, prompts[16:22], 0.05, reward_fn, tok, args, CPU)[0])  # 6 episodes
+    mbs = [torch.tensor(m) for m in ([0, 1, 2], [3, 4, 5], [6, 7, 0], [1, 2, 3], [4, 5, 6])]
+    plan = [(0, mbs), (1, mbs[:2]), ("load", None), (1, mbs), (2, [torch.tensor([0, 1, 2]), torch.tensor([5])] * 3)]
+    state = copy.deepcopy(policy.state_dict())
+    out = {}
+    for mode in ("eager", "graph"):
+        policy.load_state_dict(state)
+        optimizer = rlhf_iif.make_optimizer(policy, args, CPU)
+        fake = FakeCuda(policy, optimizer)
+        if mode == "graph":
+            for name in ("Stream", "current_stream", "stream", "CUDAGraph", "graph"):
+                monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
+            monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
+            fake.step = rlhf_iif.CompiledStep(policy, optimizer, args, CPU, graph=True)
+        losses, events = [], []
+        for i, mb in plan:
+            if i == "load":
+                optimizer.load_state_dict(optimizer.state_dict())
+                continue
+            fake.events = []
+            losses.append(compiled_steps(fake.step, bs[i], mb) if fake.step else
+                          eager_steps(policy, optimizer, bs[i], mb, args))
+            events.append(fake.events)
+        out[mode] = losses, events, trained(policy)
+        monkeypatch.undo()
+    (l_e, _, w_e), (l_g, ev, w_g) = out["eager"], out["graph"]
+    warm_capture = ["side stream"] * 3 + ["capture"]
+    assert ev == [warm_capture + ["replay"] * 2, ["replay"] * 2, warm_capture + ["replay"] * 2,
+                  warm_capture + ["replay"] * 3]
+    for a, b in zip(l_e, l_g):
+        assert a == pytest.approx(b, abs=1e-6)
+    assert len(set(l_g[0])) == len(l_g[0])  # each step's own loss: replays' outputs are cloned
+    assert max((w_e[n] - w_g[n]).abs().max().item() for n in w_e) < 1e-6
+
+
+def test_make_optimizer_on_cuda_is_fused_and_with_compile_capturable(toy, monkeypatch):
+    made = []
+    monkeypatch.setattr(torch.optim, "Adam", lambda params, **kw: made.append(kw))
+    cuda = torch.device("cuda")
+    for extra in ([], ["--compile"]):
+        args = rlhf_iif.resolve_args(tyro.cli(rlhf_iif.Args, args=flags(toy, *extra)))
+        rlhf_iif.make_optimizer(torch.nn.Linear(2, 2), args, cuda)
+        rlhf_iif.make_optimizer(torch.nn.Linear(2, 2), args, CPU)
+    assert [(kw["fused"], kw["capturable"]) for kw in made] == [(True, False), (None, False), (True, True),
+                                                                 (None, False)]
+    assert all(kw["lr"] == args.learning_rate and isinstance(kw["lr"], float) for kw in made)
+
+
+SYNCS = {torch.ops.aten._local_scalar_dense.default, torch.ops.aten.nonzero.default, torch.ops.aten.is_nonzero.default}
+
+
+def recording_compile(graphs):
+    """torch.compile whose backend keeps the forward and backward graphs of aten operations it would hand to
+    Inductor (and runs them as they are)"""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+    real = torch.compile
+
+    def record(gm, _):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+    return lambda fn, **kw: real(fn, backend=aot_autograd(fw_compiler=record, bw_compiler=record), **kw)
+
+
+def ops(graphs):
+    return {n.target for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+
+
+def test_compiled_step_reads_no_value_on_the_host(toy, monkeypatch):
+    """What a CUDA graph captures may not make the GPU wait for the host: the compiled forward + loss and its
+    backward hold no operation that reads a value (.item(), nonzero, a tensor's truth); fullgraph=True forbids a
+    graph break, so nothing else runs between them. (Eagerly, transformers' mask code does read one.)"""
+    args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile")
+    b = rlhf_iif.rollout(policy, ref, prompts[:8], 0.05, reward_fn, tok, args, CPU)[0]
+    graphs = []
+    monkeypatch.setattr(torch, "compile", recording_compile(graphs))
+    step = rlhf_iif.CompiledStep(policy, rlhf_iif.make_optimizer(policy, args, CPU), args, CPU)
+    step.load(b)
+    step(torch.tensor([2, 5]), torch.ones(2))
+    assert len(graphs) == 2 and len(ops(graphs)) > 20  # forward and backward
+    assert not ops(graphs) & SYNCS
+    monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
+    torch._dynamo.reset()
+    graphs.clear()
+    torch.compile(lambda x: x.nonzero().sum(), fullgraph=True)(torch.ones(3, requires_grad=True))
+    assert ops(graphs) & SYNCS  # the check sees such a read when there is one
+
+
+def test_compiled_and_eager_bfloat16_steps_agree_within_bfloat16_rounding(toy):
+    """--dtype bfloat16 compiled on the CPU: fused kernels round differently, so the check is a tolerance"""
+    args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile", "--dtype", "bfloat16")
+    b = rlhf_iif.rollout(policy, ref, prompts[:8], 0.05, reward_fn, tok, args, CPU)[0]
+    mbs = [torch.tensor(m) for m in ([0, 1, 2], [3, 4, 5], [6, 7, 0], [1, 2, 3])]
+    state, losses = trained(policy), {}
+    for mode in ("eager", "compiled"):
+        with torch.no_grad():
+            for n, p in policy.named_parameters():
+                if p.requires_grad:
+                    p.copy_(state[n])
+        optimizer = rlhf_iif.make_optimizer(policy, args, CPU)
+        losses[mode] = (compiled_steps(rlhf_iif.CompiledStep(policy, optimizer, args, CPU), b, mbs)
+                        if mode == "compiled" else eager_steps(policy, optimizer, b, mbs, args))
+    diff = max(abs(a - c) for a, c in zip(losses["eager"], losses["compiled"]))
+    print(f"bfloat16 losses {losses}, largest difference {diff:.1e}")
+    assert diff <= 1e-2 and max(map(abs, losses["eager"])) > 1e-2
+
+
+def test_static_cache_decoding_compiles_once_for_two_rounds(toy, monkeypatch):
+    """generate() with --compile's static cache and its compile_config (on CUDA; here on the CPU): the second round
+    of the same shapes compiles no new graph"""
+    from torch._dynamo.utils import counters
+    args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile")
+    real = rlhf_iif.static_cache
+
+    def on_this_cpu(lm, length, device):  # what static_cache gives a CUDA device, allowed on the CPU
+        kw = real(lm, length, torch.device("cuda"))
+        kw["compile_config"]._compile_all_devices = True
+        return kw
+    monkeypatch.setattr(rlhf_iif, "static_cache", on_this_cpu)
+    graphs = [counters["stats"]["unique_graphs"]]
+    for i in range(2):
+        rlhf_iif.generate(policy, prompts[4 * i:4 * i + 4], tok, args, CPU, P=args.prompt_max_tokens)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] > graphs[0] and graphs[2] == graphs[1], graphs
+
+
+def test_gpu_check_runs_both_calls_end_to_end_at_a_tiny_shape(tmp_path):
+    """benchmarks/gpu_check.sh 1 and 2 as a GPU machine runs them, on the CPU at a tiny shape: each call's limits
+    add up to at most 300 s, every part ends well and writes its printout, and the temporary folder is removed"""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+    work = tmp_path / "tmp"
+    work.mkdir()
+    env = dict(os.environ, DEVICE="cpu", SHAPE="32x2", QWEN_SHAPE="32x2", BATCH="4", GRPO_BATCH="16",
+               GRPO_TOKENS="4", OUT=str(tmp_path / "out"), PYTHON=sys.executable, TMPDIR=str(work),
+               TORCHINDUCTOR_CACHE_DIR=cache_dir())  # the kernels the tests compiled already
+    out = tmp_path / "out"
+    for call, parts in [(1, ("preflight", "build", "step_check", "round_time_rlhf_compile")),
+                        (2, ("preflight", "build", "round_time_rlhf_eager", "round_time_grpo"))]:
+        proc = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_check.sh"), str(call)], env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+        limits = re.match(rf"call {call}: (.*) within (\d+) s\n", proc.stdout)
+        assert limits and int(limits[2]) <= 300
+        assert int(limits[2]) == sum(int(x.split()[1]) for x in limits[1].split(", "))
+        for part in parts:
+            assert re.search(rf"^{part}: exit 0 in \d+ s$", proc.stdout, re.M), proc.stdout[-3000:]
+        assert (out / f"call{call}.txt").read_text() == proc.stdout
+        assert os.listdir(work) == []
+    step = (out / "step_check.md").read_text()
+    numbers = re.search(r"Equality, float32, .* loss difference (\S+) .* weight difference after them (\S+) ", step)
+    d_loss, d_weight = map(float, numbers.groups())
+    assert d_loss < 1e-5 and d_weight < 1e-5
+    graphs = re.search(r"\| --compile \| [\d.]+ \| [\d.]+ \(compile\) \| (\d+) / (\d+) \|", step)
+    assert graphs and graphs[1] == graphs[2]
+    assert "| optimiser step, ms |" in (out / "round_time_rlhf_compile.md").read_text()
+    assert "Projected to 256 episodes" in (out / "round_time_rlhf_eager.md").read_text()
+    run = out / "round_time_rlhf_compile_runs" / "influence_0"  # rlhf_iif.py --compile through main
+    assert '"compile": true' in (run / "config.json").read_text()
+    assert (run / "policy" / "adapter_config.json").exists()

@@ -2,10 +2,8 @@
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -15,6 +13,7 @@ import rlhf_iif
 import rlhf_variants
 from benchmarks.cot_addition_task import problems, write_rows
 from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_lm
+from conftest import run_killed
 from test_rlhf import flags, perturb_
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -159,15 +158,9 @@ def test_killed_run_resumes_as_if_never_killed(toy, tmp_path):
                 "--run-name", name, "--rounds", "5", "--filter-method", "random", "--eval-every", "2", *extra]
     run_variants(tmp_path / "whole", flags(toy, "--rounds", "5", "--filter-method", "random", "--eval-every", "2"))
     run = tmp_path / "killed"
-    proc = subprocess.Popen(cmd("killed"), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while not ((run / "metrics.csv").exists() and len(open(run / "metrics.csv").readlines()) >= 4):
-            assert proc.poll() is None, "the run ended first"
-            time.sleep(0.005)
-    finally:
-        proc.kill()
-    assert proc.wait() == -signal.SIGKILL
-    assert torch.load(run / "checkpoint.pt", weights_only=False)["round"] in (1, 2)
+    run_killed(cmd("killed"), "rlhf_iif", "ppo_update", 4, ENV)  # in its 4th round's update
+    assert len(open(run / "metrics.csv").readlines()) == 4  # the header and 3 rounds
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["round"] == 2
     out = subprocess.run(cmd("killed", "--resume"), env=ENV, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "resumed after round" in out.stdout
