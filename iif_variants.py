@@ -7,7 +7,7 @@ same loop with, in addition:
 - the paper's other targets and scores: --target f_action (Sec. 4.2), --influence-mode tracin
   (Sec. 3.1, the sum over the round's optimizer steps);
 - App. C's baselines: --filter-method adv-error, adv-product (C.4), td-weight (C.5);
-- options beyond the paper: --influence-precond adam, --target-kl;
+- options beyond the paper: --influence-precond adam, --target-kl, --hold-step;
 - long runs: --resume, --eval-every, --eval-envs, --async-envs, --threads.
 With none of these set it writes what iif.py writes (tests/test_variants.py checks it).
 
@@ -16,6 +16,7 @@ With none of these set it writes what iif.py writes (tests/test_variants.py chec
 """
 import collections
 import contextlib
+import copy
 import csv
 import dataclasses
 import json
@@ -75,6 +76,11 @@ class Args(iif.Args):
     target_kl: float = 0.0
     """SB3's early stop: end a round's update once a minibatch's KL(pi_theta(k) || pi_theta) passes
     1.5 x this; 0: off (the paper, the released code)"""
+    hold_step: Literal["none", "exact", "grad-norm"] = "none"
+    """IIF held to standard PPO's step: each round, standard PPO's update from theta(k) on a copy
+    gives its KL on B(k) (kl_standard); IIF's update then runs at the learning rate whose KL lands
+    within 10 % of it (exact: rescaled and rerun, at most 6 tries a round), or at the rate scaled
+    by |sum of all records' gradients| / |sum of the kept ones'| (grad-norm: one update)"""
 
     # Long runs
     resume: bool = False
@@ -243,6 +249,86 @@ def slice_of(b, idx):
     return {k: b[k][idx] for k in ("obs", "actions", "logprobs")}
 
 
+HOLD_TOLERANCE, HOLD_TRIES = 0.1, 6  # --hold-step exact: |KL / standard's - 1| <= 0.1, 6 tries
+
+
+def held_update(agent, optimizer, b, kept, args, rng, scale):
+    """--hold-step: IIF's update (Stage III on the kept records) held to the KL on B(k) that
+    standard PPO's update takes from theta(k). The learning rate is rescaled rather than the update
+    stopped early, so the update keeps its epochs and shape. exact: from scale (the last round's),
+    each try reruns the update from theta(k) at lr x scale, the next scale from the tries so far
+    (log KL is near linear in log lr: KL ~ lr^2 for small steps); the try nearest standard's KL
+    stays. Returns (n_updates, the held step's record: kl_standard, lr_scale, n_tries)."""
+    every = torch.arange(len(kept))
+    if kept.all():  # nothing dropped: the update is standard PPO's
+        n_updates, _ = ppo_update(agent, optimizer, b, every, args, rng)
+        return n_updates, dict(kl_standard=approx_kl(agent, b), lr_scale=1.0, n_tries=0)
+
+    def state():
+        return [copy.deepcopy(x.state_dict()) for x in (agent, optimizer)] + [rng.bit_generator.state]
+
+    def restore(s):
+        agent.load_state_dict(s[0])
+        optimizer.load_state_dict(s[1])
+        rng.bit_generator.state = s[2]
+    start = state()
+    with timed("t_hold", inside="t_optim"):  # standard PPO's update on a copy of the generator, undone
+        ppo_update(agent, optimizer, b, every, args, copy.deepcopy(rng))
+        kl_std = approx_kl(agent, b)
+        restore(start)
+        if args.hold_step == "grad-norm":
+            scale = grad_sum_ratio(agent, b, kept, args)
+    tries, best = [], None  # tries: (scale, KL, seconds); best: (miss, its index, its end state)
+    for _ in range(HOLD_TRIES if args.hold_step == "exact" else 1):
+        t0 = time.perf_counter()
+        restore(start)
+        for group in optimizer.param_groups:
+            group["lr"] = args.learning_rate * scale
+        n_updates, _ = ppo_update(agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng)
+        kl = approx_kl(agent, b)
+        tries.append((scale, kl, time.perf_counter() - t0))
+        miss = abs(math.log(kl / kl_std)) if kl > 0 and kl_std > 0 else math.inf
+        if best is None or miss < best[0]:
+            best = (miss, len(tries) - 1, state(), n_updates)
+        if n_updates == 0 or kl_std <= 0 or abs(kl / kl_std - 1) <= HOLD_TOLERANCE:
+            break
+        scale = next_scale(tries, kl_std)
+    _, i, end, n_updates = best
+    restore(end)
+    for group in optimizer.param_groups:
+        group["lr"] = args.learning_rate
+    for j, (_, _, t) in enumerate(tries):  # the tries not kept are the held step's cost
+        if j != i:
+            seconds["t_hold"] += t
+            seconds["t_optim"] -= t
+    return n_updates, dict(kl_standard=kl_std, lr_scale=tries[i][0], n_tries=len(tries))
+
+
+def next_scale(tries, kl_target):
+    """The learning-rate multiple whose KL should land on kl_target: along the secant through the
+    last two tries in log-log (its slope kept in [0.5, 4]), or slope 2 after one try"""
+    s1, k1, _ = tries[-1]
+    if k1 <= 0:
+        return 4 * s1
+    slope = 2.0
+    if len(tries) > 1 and tries[-2][1] > 0 and tries[-2][0] != s1:
+        s0, k0, _ = tries[-2]
+        slope = min(4.0, max(0.5, math.log(k1 / k0) / math.log(s1 / s0)))
+    return s1 * math.exp(math.log(kl_target / k1) / slope)
+
+
+def grad_sum_ratio(agent, b, kept, args):
+    """--hold-step grad-norm's multiple: an update moves theta by about lr x the sum of its
+    records' policy gradients, so at |sum over B(k)| / |sum over the kept records| (at theta(k),
+    A_hat normalised over the records trained on) the two updates move about as far"""
+    norms = []
+    for idx in (torch.arange(len(kept)), torch.nonzero(kept)[:, 0]):
+        loss = ppo_losses(agent, b, idx, args, adv=normalize(b["advantages"][idx]), vf_coef=0.0)
+        grads = torch.autograd.grad(loss.sum(), list(agent.parameters()), allow_unused=True)
+        norms.append(math.sqrt(sum(float((g ** 2).sum()) for g in grads if g is not None)))
+    return norms[0] / norms[1] if norms[1] > 0 else 1.0
+
+
 def reseed_round(envs, ep_ret, args):
     """--reseed-rounds: the released code runs each IIF round as a new process seeded alike, so
     every round draws the same action noise and resets the envs to the same episodes (its
@@ -359,10 +445,17 @@ def main(args):
             theta_k = None
             if args.save_rounds:
                 theta_k = {key: v.clone() for key, v in agent.state_dict().items()}
+            held = {}
             with timed("t_optim"):
-                n_updates, tracin = ppo_update(
-                    agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng,
-                    target if args.influence_mode == "tracin" else None, sample_p)
+                if args.hold_step != "none":  # held to standard PPO's step from theta(k)
+                    n_updates, held = held_update(agent, optimizer, b, kept, args, rng, run.scale)
+                    tracin = None
+                    if held["n_tries"]:  # the next round starts from this round's multiple
+                        run.scale = held["lr_scale"]
+                else:
+                    n_updates, tracin = ppo_update(
+                        agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng,
+                        target if args.influence_mode == "tracin" else None, sample_p)
 
             with timed("t_eval"):
                 test = (None, None)
@@ -374,7 +467,7 @@ def main(args):
                        test_return_mean=test[0], test_return_std=test[1],
                        n_records=args.batch_size, n_kept=int(kept.sum()),
                        n_dropped=int((~kept).sum()), n_negative=n_negative, agreement=agreement,
-                       n_updates=n_updates, kl=approx_kl(agent, b), **seconds)
+                       n_updates=n_updates, kl=approx_kl(agent, b), **held, **seconds)
             run.end_round(row, dict(b, round=k, global_step=row["global_step"], state_dict=theta_k,
                                     influence=scores, kept=kept, influence_tracin=tracin,
                                     target=args.target))
@@ -400,6 +493,10 @@ def resolve_args(args):
     if args.influence_precond == "adam" and args.optimizer != "adam":
         fail(f"--influence-precond adam scores the steps Adam takes; --optimizer is "
              f"{args.optimizer} (use --influence-precond none)")
+    if args.hold_step != "none" and (args.filter_method == "none" or args.influence_mode == "tracin"
+                                     or args.target_kl > 0):
+        fail(f"--hold-step {args.hold_step} holds a filtered update to standard PPO's step: it needs "
+             "a --filter-method other than none, and neither --influence-mode tracin nor --target-kl")
     if args.influence_mode == "tracin" and not args.save_rounds:
         fail("--influence-mode tracin writes its scores into the round files: add --save-rounds")
     if args.eval_envs is None:
@@ -440,12 +537,15 @@ def parse_values(flag, text):
 
 
 # ---- The run folder (config.json, metrics.csv, round files, --resume) and timing ----
+# --hold-step's columns of metrics.csv: standard PPO's KL on B(k) from theta(k), the learning-rate
+# multiple IIF's update took, its tries, and the seconds of the held step's extra work
+HOLD_COLUMNS = ["kl_standard", "lr_scale", "n_tries", "t_hold"]
 # flags a resumed run may change, and the values resolve_args derives from the others
 NOT_COMPARED = ("resume", "threads", "runs_dir", "batch_size", "num_rounds", "env_kwargs",
                 "target_obs", "target_act")
 # flags newer than some saved runs: a config.json without them was made with them off
 ADDED_FLAGS = dict(min_agreement=-1.0, influence_precond="none", target_kl=0.0, score_log_std=True,
-                   reseed_rounds=False)
+                   reseed_rounds=False, hold_step="none")
 
 
 class Run:
@@ -463,17 +563,20 @@ class Run:
         with open(os.path.join(self.dir, "config.json"), "w") as f:
             json.dump(dataclasses.asdict(args), f, indent=1)
         self.start, rows = 0, []  # the first round to run
+        self.scale = 1.0  # --hold-step: the learning-rate multiple the next round tries first
         if ckpt is not None:
             agent.load_state_dict(ckpt["agent"])
             optimizer.load_state_dict(ckpt["optimizer"])
             torch.set_rng_state(ckpt["torch_rng"])
             rng.bit_generator.state = ckpt["numpy_rng"]
             gen.set_state(ckpt["filter_rng"])
+            self.scale = ckpt.get("hold_scale", 1.0)
             self.start = ckpt["round"] + 1
             with open(os.path.join(self.dir, "metrics.csv")) as f:  # rows after it are redone
                 rows = [r for r in csv.DictReader(f) if int(r["round"]) < self.start]
         self.file = open(os.path.join(self.dir, "metrics.csv"), "w", newline="")
-        self.writer = csv.DictWriter(self.file, fieldnames=iif.METRICS)
+        columns = iif.METRICS + (HOLD_COLUMNS if args.hold_step != "none" else [])
+        self.writer = csv.DictWriter(self.file, fieldnames=columns)
         self.writer.writeheader()
         self.writer.writerows(rows)
         self.file.flush()
@@ -494,7 +597,7 @@ class Run:
         save_checkpoint(os.path.join(self.dir, "checkpoint.pt"), dict(
             round=k, agent=agent.state_dict(), optimizer=optimizer.state_dict(),
             torch_rng=torch.get_rng_state(), numpy_rng=rng.bit_generator.state,
-            filter_rng=gen.get_state()))
+            filter_rng=gen.get_state(), hold_scale=self.scale))
         test = "-"
         if row["test_return_mean"] is not None:
             test = f"{row['test_return_mean']:.3f} +- {row['test_return_std']:.3f}"
@@ -502,9 +605,13 @@ class Run:
         if row["train_return"] is not None:
             train = f"{row['train_return']:.3f}"
         agree = "" if row["agreement"] is None else f" agree {row['agreement']:+.2f}"
+        held = ""
+        if "kl_standard" in row:
+            held = (f" | kl {row['kl']:.2g}, standard's {row['kl_standard']:.2g} at lr x "
+                    f"{row['lr_scale']:.2f} ({row['n_tries']} tries)")
         print(f"round {k} [{k + 1}/{a.num_rounds}] step {row['global_step']} "
               f"| train {train} test {test} "
-              f"| kept {row['n_kept']}/{a.batch_size} (neg {row['n_negative']}{agree}) "
+              f"| kept {row['n_kept']}/{a.batch_size} (neg {row['n_negative']}{agree}){held} "
               f"| s: rollout {row['t_rollout']:.2f} influence {row['t_influence']:.2f} "
               f"optim {row['t_optim']:.2f} eval {row['t_eval']:.2f}", flush=True)
 

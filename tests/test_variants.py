@@ -71,9 +71,10 @@ def test_committed_runs_rerun_identically(tmp_path, module, run_dir):
     module.main(module.resolve_args(args))
     old = rows(os.path.join(ROOT, run_dir, "metrics.csv"), 2)
     new = rows(tmp_path / "r" / "metrics.csv")
-    # kl: one float32 pass over the whole buffer, whose matrix kernels round differently on other CPUs (seen:
-    # 1.6e-7 relative); every other column, training included, is bit for bit the committed run's
+    # kl: a float32 pass over the whole buffer, whose matrix kernels round differently on other CPUs, and
+    # (r - 1) - log r loses digits near r = 1 (as results/rerun_check.py, 1e-3 relative); every other column,
+    # training included, is bit for bit the committed run's
     for r_new, r_old in zip(new, old):
         if r_old.get("kl"):
-            assert float(r_new.pop("kl")) == pytest.approx(float(r_old.pop("kl")), rel=1e-5)
+            assert float(r_new.pop("kl")) == pytest.approx(float(r_old.pop("kl")), rel=1e-3)
     assert [{k: r[k] for k in old[0]} for r in new] == old

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# RLHF methods at equal KL to the reference (docs/ippo.md, "At equal KL"): results/ippo.sh's runs (30 rounds of
+# 64 episodes, everything else as there) at a sweep of the KL penalty beta (--init-kl-coef), into
+# results/frontier/runs/ippo-<task>__<label>-b<beta>__<seed>/. The adaptive controller stays as ippo.sh has it:
+# its horizon of 10,000 episodes moves beta by at most 4 % over a run's 1,920 episodes, so each run's beta stays
+# within 4 % of the one it starts at, and the beta = 0.2 points are ippo.sh's runs in results/runs (linked).
+# Resumable, as ippo.sh. JOBS runs in parallel (default 2), a (task, beta) each.
+#   [BETAS_detox="..."] [BETAS_cot="..."] bash results/frontier.sh "1 2 3 4 5" "none influence i-ppo i-ppo-noreweight" "detox cot"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seeds=${1:-"1 2 3 4 5"}; labels=${2:-"none influence i-ppo i-ppo-noreweight"}; tasks=${3:-"detox cot"}
+export BETAS_detox=${BETAS_detox:-"0.05 0.1 0.2 0.4 0.8 1.6"} BETAS_cot=${BETAS_cot:-"0.05 0.1 0.2 0.4 0.8"}
+runs=results/frontier/runs
+mkdir -p $runs
+jobs=()
+for task in $tasks; do
+  betas=BETAS_$task
+  for beta in ${!betas}; do
+    if [ "$beta" = 0.2 ]; then  # ippo.sh's runs
+      for seed in $seeds; do for label in $labels; do
+        ln -sfn ../../runs/ippo-${task}__${label}__${seed} $runs/ippo-${task}__${label}-b0.2__${seed}
+      done; done
+    else
+      jobs+=("$task $beta")
+    fi
+  done
+done
+run() {  # task beta: every seed and label, seed by seed
+  BETA=$2 RUNS=results/frontier/runs TAG=-b$2 bash results/ippo.sh "$SEEDS" "$LABELS" "$1" \
+    > results/frontier/$1-b$2.log 2>&1 && rm results/frontier/$1-b$2.log
+}
+export -f run
+export SEEDS="$seeds" LABELS="$labels"
+printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -L 1 bash -c 'run "$@"' _
