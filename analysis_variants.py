@@ -6,14 +6,700 @@ analysis.py reproduces the paper's diagnostics; this file imports it, as iif_var
 
 Each subcommand prints its table and draws its figure in a PNG.
 """
+import glob
+import math
+import os
+from collections import defaultdict
 from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Literal
 
 import numpy as np
 import torch
 import tyro
 
 import analysis
-from analysis import IPPO_COLORS, IPPO_LABELS, fail, load_runs, plt
+import iif
+import iif_variants as variants
+from analysis import (COLORS, LABELS, agent_for, efficiency, fail, fmt_ci, load_config, load_round, load_runs,
+                      make_test_envs, mean_ci, planned_rounds, plt, raw_advantages, read_metrics, retrain,
+                      saved_rounds, smooth, spearman)
+
+
+# ---- The released code's recipes, one row each (results/ablation) ----
+
+@dataclass
+class Ablation:
+    """SE_ave, SE_peak, RT_peak and standard PPO's returns, one row per recipe"""
+    variants: tuple[str, ...]
+    """recipe folders, one row each"""
+    env: tuple[str, ...]
+    """env ids"""
+    runs: str = "results/ablation"
+    """folder of one <recipe>/ folder of runs per recipe"""
+    at_round: int = 10
+    """also print standard PPO's test return after this round"""
+    complete: tuple[str, ...] = ()
+    """ENV=ROUNDS: count only seeds whose two runs hold this many rounds (unfinished runs are
+    skipped)"""
+    seeds: tuple[str, ...] = ()
+    """only these seeds (default: every seed with a standard and an IIF run)"""
+
+
+def cmd_ablation(args):
+    """One row per recipe: IIF against standard PPO under it (means over seeds [95 % bootstrap
+    intervals]), and the final test returns of standard PPO, IIF and random filtering."""
+    def pm(x, fmt):
+        return f"{np.mean(x):{fmt}} ± {np.std(x):{fmt}}" if len(x) else "-"
+    rounds = {e: int(n) for e, n in (c.split("=") for c in args.complete)}
+    moves = []
+    print("SE in %, mean over seeds [95 % bootstrap interval]; returns: mean ± std over seeds\n")
+    print(f"| env | recipe | seeds | SE_ave, records | SE_ave, even | SE_peak | RT_peak "
+          f"| standard, round {args.at_round} | standard, final | IIF, final | random, final |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for env_id in args.env:
+        for variant in args.variants:
+            path = os.path.join(args.runs, variant)
+            runs = {}
+            if glob.glob(os.path.join(path, f"{env_id}__*", "metrics.csv")):
+                runs = load_runs(path, env_id)
+            seeds = sorted(set(runs.get("none", {})) & set(runs.get("influence", {})))
+            if args.seeds:
+                seeds = [s for s in seeds if s in args.seeds]
+            if env_id in rounds:
+                seeds = [s for s in seeds
+                         if len(runs["none"][s]) == len(runs["influence"][s]) == rounds[env_id]]
+            if not seeds:  # a recipe not run on this env
+                continue
+            res = [efficiency(runs["none"][s], runs["influence"][s]) for s in seeds]
+            even = [efficiency(runs["none"][s], runs["influence"][s], "even") for s in seeds]
+            final = {m: [runs[m][s][-1]["test_return_mean"] for s in seeds
+                         if s in runs.get(m, {}) and len(runs[m][s]) == len(runs["none"][s])]
+                     for m in ("none", "influence", "random")}
+            at = [runs["none"][s][args.at_round - 1]["test_return_mean"] for s in seeds]
+            fmt = ".3f" if np.abs(final["none"]).max() <= 1 else ".0f"  # success rates, or returns
+            se = [fmt_ci([r["se_ave"] for r in res]), fmt_ci([r["se_ave"] for r in even]),
+                  fmt_ci([r["se_peak"] for r in res]), fmt_ci([r["rt_peak"] for r in res])]
+            returns = [pm(at, fmt)] + [pm(final[m], fmt) for m in ("none", "influence", "random")]
+            print(f"| {env_id} | {variant} | {len(seeds)} | {' | '.join(se)} "
+                  f"| {' | '.join(returns)} |")
+            rows = {m: [r for s in seeds for r in runs[m][s]] for m in ("none", "influence")}
+            if all("kl" in r for m in rows for r in rows[m]):  # runs that log it
+                kl = [np.median([r["kl"] for r in rows[m]]) for m in ("none", "influence")]
+                filtered = np.mean([r["n_dropped"] > 0 for r in rows["influence"]])
+                moves.append(f"| {env_id} | {variant} | {kl[0]:.4f} | {kl[1]:.4f} "
+                             f"| {kl[1] / kl[0]:.1f} | {100 * filtered:.0f} % |")
+    if moves:
+        print("\nHow far a round moves the policy: median over rounds and seeds of "
+              "KL(pi_theta(k) || pi_theta(k+1)) on B(k); rounds in which IIF dropped records\n")
+        print("| env | recipe | KL, standard | KL, IIF | IIF / standard | rounds filtered |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(moves))
+
+
+# ---- Each method at its own best learning rate ----
+
+@dataclass
+class Sensitivity:
+    """Standard PPO and IIF at several learning rates: each (method, rate) scored by the area under
+    its test curve (the mean test return over the tested rounds) and its final test return; each
+    method's best rate (highest mean area); best against best, beside the paper's protocol (both at
+    the preset's rate)"""
+    env: tuple[str, ...]
+    """env ids, one panel each"""
+    runs: str = "results/tuned/runs"
+    """folder of <env>__<method>-lr<m>x__<seed> runs (results/tuned.py), method none or influence,
+    m the multiple of the preset's learning rate"""
+    out: str = "sensitivity.png"
+    """PNG to write"""
+
+
+def tuned_runs(runs_dir, env_id):
+    """{method: {multiple: {seed: rows}}} of the finished runs, the rounds compared (the fewest any
+    run was started for: BipedalWalker's 250 of 500), and what was left out: {(method, multiple):
+    [(seed, 'diverged' or 'unfinished')]}"""
+    found = load_runs(runs_dir, env_id)
+    plan = {(lb, s): planned_rounds(runs_dir, env_id, lb, s, len(rows))
+            for lb, seeds in found.items() for s, rows in seeds.items()}
+    n = min(plan.values())
+    runs, left = defaultdict(lambda: defaultdict(dict)), defaultdict(list)
+    for lb, seeds in found.items():
+        method, m = method_and_rate(lb)
+        for s, rows in seeds.items():
+            err = os.path.join(runs_dir, f"{env_id}__{lb}__{s}.err")
+            if os.path.exists(err) and "non-finite" in open(err).read():
+                left[method, m].append((s, "diverged"))
+            elif len(rows) < n:
+                left[method, m].append((s, "unfinished"))
+            else:
+                runs[method][m][s] = rows[:n]
+    for err in glob.glob(os.path.join(runs_dir, f"{env_id}__*__*.err")):  # diverged before round 0 ended
+        lb, s = os.path.basename(err)[:-4].split("__")[1:]
+        if (lb, s) not in plan and "non-finite" in open(err).read():
+            left[method_and_rate(lb)].append((s, "diverged"))
+    return runs, n, left
+
+
+def method_and_rate(label):
+    """'influence-lr3x' -> ('influence', 3.0)"""
+    method, _, m = label.partition("-lr")
+    return method, float(m[:-1])
+
+
+def area_and_final(rows):
+    tested = [r["test_return_mean"] for r in rows if not math.isnan(r["test_return_mean"])]
+    return float(np.mean(tested)), tested[-1]
+
+
+def cmd_sensitivity(args):
+    names = {"none": "standard", "influence": "IIF"}
+    fig, axes = plt.subplots(2, len(args.env), figsize=(3.6 * len(args.env), 5.6), squeeze=False)
+    table, best_rows, verdicts = [], [], []
+    for j, env_id in enumerate(args.env):
+        runs, n, left = tuned_runs(args.runs, env_id)
+        n_seeds = max(len(seeds) for rates in runs.values() for seeds in rates.values())
+        best = {}
+        for method in ("none", "influence"):
+            areas, rows, xs, ys = {}, [], [], {"area": [], "final": []}
+            for m in sorted(set(runs[method]) | {m for (mt, m) in left if mt == method}):
+                seeds = runs[method].get(m, {})
+                lost = left.get((method, m), [])
+                diverged = [s for s, why in lost if why == "diverged"]
+                note = ""
+                if diverged:
+                    note = f"diverged ({len(diverged)} of {len(seeds) + len(lost)} seeds)"
+                elif len(seeds) < n_seeds:
+                    note = f"{len(seeds)} of {n_seeds} seeds finished"
+                cells = ["-", "-"]
+                if seeds:
+                    area, final = zip(*(area_and_final(r) for r in seeds.values()))
+                    fmt = ".3f" if max(abs(x) for x in final) <= 1 else ".1f"
+                    cells = [fmt_ci(area, 1, fmt), fmt_ci(final, 1, fmt)]
+                    if not note:  # a candidate for the best rate
+                        areas[m] = np.mean(area)
+                        xs.append(m)
+                        for key, v in (("area", area), ("final", final)):
+                            ys[key].append(mean_ci(v))
+                rows.append((env_id, names[method], m, len(seeds), *cells, note))
+            if areas:
+                best[method] = max(areas, key=areas.get)
+            table += [(*r[:6], "best") if r[2] == best.get(method) else r for r in rows]
+            color = COLORS[method]
+            for i, key in enumerate(("area", "final")):
+                if xs:
+                    mean, low, high = np.array(ys[key]).T
+                    axes[i, j].errorbar(xs, mean, yerr=[mean - low, high - mean], color=color,
+                                        marker="o", capsize=3, label=LABELS[method])
+                diverged = [m for (mt, m), lost in left.items()
+                            if mt == method and any(why == "diverged" for _, why in lost)]
+                for k, m in enumerate(diverged):
+                    axes[i, j].axvline(m, color=color, linestyle=":", alpha=0.6,
+                                       label=f"{LABELS[method]} diverged" if k == 0 else None)
+        for i, key in enumerate(("mean test return over the rounds", "final test return")):
+            axes[i, j].set(xscale="log", xlabel="learning rate / preset's", ylabel=key)
+            axes[i, j].set_xticks(sorted({m for rates in runs.values() for m in rates}
+                                         | {m for _, m in left}))
+            axes[i, j].set_xticklabels([f"{m:g}" for m in axes[i, j].get_xticks()])
+        axes[0, j].set_title(env_id, fontsize=10)
+        if len(best) < 2:
+            continue
+        for name, (m_std, m_iif) in (("best against best", (best["none"], best["influence"])),
+                                     ("both at the preset's", (1.0, 1.0))):
+            std, iif = runs["none"].get(m_std, {}), runs["influence"].get(m_iif, {})
+            seeds = sorted(set(std) & set(iif))
+            if not seeds:
+                continue
+            res = {rd: [efficiency(std[s], iif[s], rd) for s in seeds] for rd in ("records", "even")}
+            diff = [area_and_final(iif[s])[0] - area_and_final(std[s])[0] for s in seeds]
+            finals = [[area_and_final(r[s])[1] for s in seeds] for r in (std, iif)]
+            fmt = ".3f" if max(abs(x) for f in finals for x in f) <= 1 else ".1f"
+            best_rows.append(
+                f"| {env_id} | {name} | {m_std:g} | {m_iif:g} | {len(seeds)} "
+                f"| {fmt_ci([e['se_ave'] for e in res['records']])} "
+                f"| {fmt_ci([e['se_ave'] for e in res['even']])} "
+                f"| {fmt_ci([e['se_peak'] for e in res['records']])} "
+                f"| {fmt_ci([e['rt_peak'] for e in res['records']])} "
+                f"| {fmt_ci(finals[0], 1, fmt)} | {fmt_ci(finals[1], 1, fmt)} | {fmt_ci(diff, 1, fmt)} |")
+            if name == "best against best":
+                mean, low, high = mean_ci(diff)
+                way = ("IIF higher" if low > 0 else "standard higher" if high < 0
+                       else "no difference shown")
+                verdicts.append(f"{env_id}: {way} (area, IIF at {m_iif:g} x minus standard at "
+                                f"{m_std:g} x: {mean:{fmt}} [{low:{fmt}}, {high:{fmt}}], {len(seeds)} seeds)")
+    print("Each (method, learning rate): area = mean test return over the tested rounds, final = test "
+          "return after the last compared round; mean over seeds [95 % bootstrap interval]. Best: the "
+          "rate with the highest mean area.\n")
+    print("| env | method | lr / preset's | seeds | area | final | |\n|---|---|---|---|---|---|---|")
+    for env_id, method, m, k, area, final, note in table:
+        print(f"| {env_id} | {method} | {m:g} | {k} | {area} | {final} | {note} |")
+    print("\nIIF against standard PPO, paired by seed: SE in %; finals and the area difference (IIF minus "
+          "standard) in test return; mean [95 % bootstrap interval]\n")
+    print("| env | comparison | standard's lr x | IIF's lr x | seeds | SE_ave, records | SE_ave, even | SE_peak "
+          "| RT_peak | standard, final | IIF, final | area, IIF - standard |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n".join(best_rows))
+    print("\nWhich way it falls, best against best:\n" + "\n".join(verdicts))
+    legend = {}  # one legend for every panel, below them
+    for ax in axes.flat:
+        legend.update(zip(*reversed(ax.get_legend_handles_labels())))
+    fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=4, fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(args.out, dpi=120)
+    print(f"wrote {args.out}")
+
+
+# ---- What the filter dropped, and the records rescored ----
+
+@dataclass
+class Dropped:
+    """what the filter dropped, round by round: by action, by the sign of A_hat, by episode outcome,
+    with the target's agreement and how far the round moved the policy on the kept and the dropped
+    records"""
+    run: str
+    """an iif.py run made with --save-rounds"""
+    every: int = 1
+    """every N-th saved round"""
+
+
+def episode_returns(b):
+    """Each record's episode's undiscounted return within the buffer (nan if it did not end)."""
+    rewards, dones = b["rewards"].numpy(), b["dones"].numpy()
+    out = np.full(len(rewards), np.nan)
+    start = 0
+    for t in np.flatnonzero(dones):  # one environment: records are in step order
+        out[start:t + 1] = rewards[start:t + 1].sum()
+        start = t + 1
+    return out
+
+
+def cmd_dropped(args):
+    config = load_config(args.run)
+    if config["num_envs"] != 1:
+        fail("dropped reads episodes from step order: a run with --num-envs 1")
+    metrics = read_metrics(os.path.join(args.run, "metrics.csv"))
+    rounds = saved_rounds(args.run)[::args.every]
+    print("| round | test | agreement | KL | KL, kept | KL, dropped | dropped | A_hat > 0: dropped / all "
+          "| from episodes with return > 0: dropped / all "
+          "| most over-dropped action: dropped / all |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    saved = set(saved_rounds(args.run))
+    for k in rounds:
+        b = load_round(args.run, k)
+        agent = agent_for(config, b["state_dict"])
+        moved = {"kept": math.nan, "dropped": math.nan}  # KL(pi_theta(k) || pi_theta(k+1)) on each part
+        if k + 1 in saved:
+            after = agent_for(config, load_round(args.run, k + 1)["state_dict"])
+            for part, mask in (("kept", b["kept"]), ("dropped", ~b["kept"])):
+                if mask.any():
+                    moved[part] = iif.approx_kl(after, {key: b[key][mask] for key in
+                                                        ("obs", "actions", "logprobs")})
+        adv = raw_advantages(b)
+        weights = torch.as_tensor(adv if config["target_adv"] == "raw" else iif.normalize(adv))
+        agreement = iif.target_agreement(agent, dict(b, advantages=weights))
+        drop = ~b["kept"].numpy()
+        success = episode_returns(b) > 0
+        row = metrics[k]
+        cells = [f"{row['test_return_mean']:.3f}", f"{agreement:+.2f}",
+                 f"{row.get('kl', math.nan):.3g}", f"{moved['kept']:.3g}", f"{moved['dropped']:.3g}",
+                 f"{drop.sum()}"]
+        if not drop.any():
+            print(f"| {k} | {' | '.join(cells)} | - | - | - |")
+            continue
+        cells.append(f"{np.mean(adv[drop] > 0):.2f} / {np.mean(adv > 0):.2f}")
+        cells.append(f"{np.mean(success[drop]):.2f} / {np.mean(success):.2f}")
+        if not b["actions"].is_floating_point():  # discrete actions
+            actions = b["actions"].numpy()
+            share = {a: (np.mean(actions[drop] == a), np.mean(actions == a))
+                     for a in np.unique(actions)}
+            a, (d, n) = max(share.items(), key=lambda kv: kv[1][0] - kv[1][1])
+            cells.append(f"{a}: {d:.2f} / {n:.2f}")
+        else:
+            cells.append("-")
+        print(f"| {k} | {' | '.join(cells)} |")
+    print("\nagreement: mean pairwise cosine of grad f_return over 8 slices of B(k); KL: the "
+          "round's KL(pi_theta(k) || pi_theta(k+1)) on B(k) from metrics.csv (nan where not logged); "
+          "KL, kept / dropped: the same on the records the update trained on / the ones it dropped "
+          "(theta(k+1) from the next round file; nan for the last)")
+
+
+CHANGES = {  # rescore --change: the flags it sets
+    "no-score-log-std": dict(score_log_std=False),
+    "influence-loss-full": dict(influence_loss="full"),
+    "target-adv-normalized": dict(target_adv="normalized"),
+}
+
+
+@dataclass
+class Rescore:
+    """what a scoring choice changes: every saved round scored again with one flag changed, against
+    the run's own scores: the rank correlation and the overlap of the records each would drop"""
+    run: str
+    """an iif.py run made with --filter-method influence --save-rounds"""
+    change: Literal[tuple(CHANGES)] = "no-score-log-std"
+    """the flag changed: leave a Gaussian's log-std out of the score, score l_i with the full PPO
+    loss, or weight f_return by the normalised A_hat"""
+    every: int = 1
+    """every N-th saved round"""
+
+
+def cmd_rescore(args):
+    config = load_config(args.run)
+    if config["target"] != "f_return":
+        fail(f"rescore re-scores f_return runs; {args.run} scored {config['target']}")
+    cfgs = [SimpleNamespace(**config), SimpleNamespace(**{**config, **CHANGES[args.change]})]
+    print(f"{args.run}, --{args.change}: the bottom floor(p x negatives) records, p = "
+          f"{config['filter_p']}, under each scoring\n")
+    print("| round | run's scores reproduced to | Spearman | dropped: run / changed | overlap |")
+    print("|---|---|---|---|---|")
+    rhos, overlaps = [], []
+    for k in saved_rounds(args.run)[::args.every]:
+        b = load_round(args.run, k)
+        agent = agent_for(config, b["state_dict"])
+        adv = raw_advantages(b)
+        scores, drops = [], []
+        for cfg in cfgs:
+            weights = torch.as_tensor(adv if cfg.target_adv == "raw" else iif.normalize(adv))
+            target = (b["obs"], b["actions"], weights)
+            scores.append(variants.influence(agent, b, torch.arange(len(adv)), target, cfg,
+                                             variants.scoring_advantages(b, cfg)))
+            kept, _ = variants.filter_records(scores[-1], "influence", cfg.filter_p, None,
+                                              cfg.filter_ties)
+            drops.append(set(torch.nonzero(~kept)[:, 0].tolist()))
+        err = float((scores[0] - b["influence"]).abs().max() / b["influence"].abs().max())
+        rhos.append(spearman(scores[0].numpy(), scores[1].numpy()))
+        overlaps.append(len(drops[0] & drops[1]) / max(len(drops[0]), 1))
+        print(f"| {k} | {err:.1e} | {rhos[-1]:.3f} | {len(drops[0])} / {len(drops[1])} | "
+              f"{overlaps[-1]:.2f} |")
+    print(f"\nmedian over {len(rhos)} rounds: Spearman {np.median(rhos):.3f}, overlap of the "
+          f"dropped records {np.median(overlaps):.2f} (the share of the run's drops that the "
+          "changed scoring drops too)")
+
+
+# ---- Counterfactual check: the linear datamodeling score (LDS; Park et al., TRAK, 2023) ----
+
+def f_return(agent, b, config):
+    """f_return(theta) on B(k), weighted by the A_hat the run's scores used (--target-adv;
+    --adv-norm buffer saves the normalised A_hat, so the raw one is returns - values)."""
+    raw = b["returns"] - b["values"] if config["adv_norm"] == "buffer" else b["advantages"]
+    weights = raw if config["target_adv"] == "raw" else iif.normalize(raw)
+    params = dict(agent.named_parameters())
+    with torch.no_grad():
+        return iif.f_return(agent, params, b["obs"], b["actions"], weights).item()
+
+
+def update_scale(config):
+    """First-order change of f per unit of summed influence over one round, or None for Adam.
+    SGD: each of the E epochs visits a record once, in a step of lr / minibatch_size x its loss
+    gradient, so delta f ~ lr x E / minibatch_size x sum_i I_i. Adam rescales every step by its
+    moment estimates: not linear."""
+    if config["optimizer"] != "sgd":
+        return None
+    return config["learning_rate"] * config["update_epochs"] / config["minibatch_size"]
+
+
+def subset_masks(n, m, fraction, k):
+    """m random subsets of round k's n records, each of round(fraction x n); subset j is drawn
+    from seed (k, j)."""
+    masks = torch.zeros(m, n, dtype=torch.bool)
+    for j in range(m):
+        chosen = np.random.default_rng([k, j]).choice(n, round(fraction * n), replace=False)
+        masks[j, torch.as_tensor(chosen)] = True
+    return masks
+
+
+def round_scorers(b, k):
+    """The scores each scorer gives B(k)'s records: snapshot (at theta(k)), tracin (summed over
+    the round's steps, from --influence-mode tracin runs) and random (a floor)."""
+    scorers = {"snapshot": b["influence"].double()}
+    if b.get("influence_tracin") is not None:
+        scorers["tracin"] = b["influence_tracin"].double()
+    noise = np.random.default_rng([k, 1_000_003]).standard_normal(len(b["influence"]))
+    scorers["random"] = torch.from_numpy(noise)
+    return scorers
+
+
+def counterfactual_round(config, b, k, m, fraction, eval_envs=None, episodes=0):
+    """Retrain round k from theta(k) on m random subsets of B(k), with the same minibatch seed k
+    for every subset, and on the full buffer. Returns f_return at theta(k), after the full-buffer
+    round and after each subset's round, the subsets' test returns (with episodes), the masks, the
+    scores and each scorer's predictions (summed scores over the subset) and LDS (their Spearman
+    correlation with the outcomes)."""
+    scorers = round_scorers(b, k)
+    n = len(b["influence"])
+    masks = subset_masks(n, m, fraction, k)
+    start = agent_for(config, b["state_dict"])
+    f0 = f_return(start, b, config)
+    full = retrain(config, b, torch.ones(n, dtype=torch.bool), k, start=start)
+    out = dict(f0=f0, masks=masks, scores=scorers, f=[], test=[], f_full=f_return(full, b, config))
+    for mask in masks:
+        agent = retrain(config, b, mask, k, start=start)
+        out["f"].append(f_return(agent, b, config))
+        if episodes:
+            out["test"].append(iif.evaluate(agent, eval_envs, episodes, k + 10_000)[0])
+    out["f"] = np.array(out["f"])
+    out["pred"] = {name: (masks.double() @ s).numpy() for name, s in scorers.items()}
+    out["lds"] = {name: spearman(p, out["f"]) for name, p in out["pred"].items()}
+    out["lds_test"] = {}
+    if episodes:
+        out["lds_test"] = {name: spearman(p, np.array(out["test"]))
+                           for name, p in out["pred"].items()}
+    return out
+
+
+def group_check(config, b, k, f_full):
+    """The bottom-p set IIF drops from B(k) (the run's --filter-p and --filter-ties): the summed
+    snapshot scores of the dropped records and the actual change of f_return when the round is
+    retrained without them."""
+    scores = b["influence"]
+    kept, _ = variants.filter_records(scores, "influence", config["filter_p"], None,
+                                      ties=config["filter_ties"])
+    dropped = float(scores[~kept].double().sum())
+    return dict(n_dropped=int((~kept).sum()), dropped_sum=dropped,
+                actual=f_return(retrain(config, b, kept, k), b, config) - f_full)
+
+
+@dataclass
+class Counterfactual:
+    """LDS: summed influence against retraining on random subsets"""
+    run: str
+    """an iif.py run made with --save-rounds (target f_return)"""
+    rounds: tuple[int, ...]
+    """rounds k to retrain"""
+    subsets: int = 50
+    """random subsets M per round"""
+    fraction: float = 0.5
+    """fraction F of B(k)'s records in each subset"""
+    episodes: int = 0
+    """also test each retrained policy on this many episodes"""
+    out: str = "counterfactual.png"
+    """PNG to write"""
+
+
+def cmd_counterfactual(args):
+    config = load_config(args.run)
+    if config["target"] != "f_return":
+        fail(f"counterfactual measures f_return: the run's scores are on {config['target']}")
+    eval_envs = make_test_envs(config, args.episodes) if args.episodes else None
+    scale = update_scale(config)
+    results = {}
+    groups = {}
+    for k in args.rounds:
+        b = load_round(args.run, k)
+        results[k] = counterfactual_round(config, b, k, args.subsets, args.fraction, eval_envs,
+                                          args.episodes)
+        groups[k] = group_check(config, b, k, results[k]["f_full"])
+        groups[k]["full_sum"] = float(b["influence"].double().sum())
+    if eval_envs is not None:
+        eval_envs.close()
+    scorers = list(results[args.rounds[0]]["lds"])
+    print(f"{config['env_id']}: {args.subsets} subsets of {args.fraction:.0%} of B(k) per round; "
+          f"outcome f_return on B(k) after retraining round k ({config['optimizer']}, "
+          f"lr {config['learning_rate']}, {config['update_epochs']} epochs, "
+          f"minibatch {config['minibatch_size']})")
+    test = bool(args.episodes)  # a column of LDS on the test return too
+    print("\n| scorer | round | LDS |" + (" LDS on test return |" if test else ""))
+    print("|---|---|---|" + ("---|" if test else ""))
+    for name in scorers:
+        for k in args.rounds:
+            print(f"| {name} | {k} | {results[k]['lds'][name]:+.3f} |"
+                  + (f" {results[k]['lds_test'][name]:+.3f} |" if test else ""))
+        mean = np.mean([results[k]["lds"][name] for k in args.rounds])
+        mean_test = np.mean([results[k]["lds_test"][name] for k in args.rounds]) if test else 0
+        print(f"| {name} | mean | {mean:+.3f} |" + (f" {mean_test:+.3f} |" if test else ""))
+    unit = "scaled by lr x epochs / minibatch"
+    if not scale:
+        unit = "summed scores (Adam: not first-order linear)"
+    print(f"\nGroup check: the records IIF drops (p = {config['filter_p']}); predicted change of "
+          f"f = -(their summed snapshot scores), {unit}; actual = f after the round without them - "
+          "f after the full round. Full round: the same for all records against f(theta(k)).")
+    print("| round | dropped | predicted delta f | actual delta f | full round: predicted "
+          "| full round: actual |")
+    print("|---|---|---|---|---|---|")
+    s = scale or 1.0
+    for k in args.rounds:
+        g = groups[k]
+        r = results[k]
+        print(f"| {k} | {g['n_dropped']} | {-s * g['dropped_sum']:+.3e} | {g['actual']:+.3e} | "
+              f"{s * g['full_sum']:+.3e} | {r['f_full'] - r['f0']:+.3e} |")
+    pred = np.array([-s * groups[k]["dropped_sum"] for k in args.rounds])
+    actual = np.array([groups[k]["actual"] for k in args.rounds])
+    if len(args.rounds) > 2:
+        ratio = f", actual / predicted {np.median(actual / pred):.2f} (median)" if scale else ""
+        print(f"over rounds: Pearson {np.corrcoef(pred, actual)[0, 1]:+.3f}, "
+              f"Spearman {spearman(pred, actual):+.3f}" + ratio)
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
+    colors = {"snapshot": "tab:red", "tracin": "tab:purple", "random": "tab:gray"}
+    for name in scorers:
+        lds = [results[k]["lds"][name] for k in args.rounds]
+        axes[0].plot(args.rounds, lds, "o-", color=colors[name], label=name)
+    axes[0].axhline(0, color="black", linewidth=0.6)
+    axes[0].set_xticks(args.rounds)
+    axes[0].set(xlabel="round k", ylabel="LDS (Spearman)", ylim=(-1.05, 1.05),
+                title=f"LDS over {args.subsets} subsets of {args.fraction:.0%}")
+    axes[0].legend(fontsize=8)
+    cmap = plt.get_cmap("viridis")
+    # each subset: predicted against actual change from the full-buffer round
+    for i, k in enumerate(args.rounds):
+        r = results[k]
+        x = s * (r["pred"]["snapshot"] - float(r["scores"]["snapshot"].sum()))
+        color = cmap(i / max(1, len(args.rounds) - 1))
+        axes[1].scatter(x, r["f"] - r["f_full"], s=8, color=color, label=f"k={k}")
+    axes[1].set(xlabel="predicted delta f (snapshot)", ylabel="actual delta f",
+                title="subsets against the full round")
+    axes[1].legend(fontsize=7, markerscale=2)
+    axes[2].scatter(pred, actual, color="tab:red")
+    for k, x, y in zip(args.rounds, pred, actual):
+        axes[2].annotate(str(k), (x, y), fontsize=8, xytext=(3, 3), textcoords="offset points")
+    for ax in axes[1:] if scale else []:
+        lo, hi = ax.get_xlim()
+        ax.plot([lo, hi], [lo, hi], color="black", linestyle="--", linewidth=0.8, label="y = x")
+    axes[2].set(xlabel="predicted delta f" + ("" if scale else " (summed scores)"),
+                ylabel="actual delta f", title="dropping IIF's bottom records")
+    fig.suptitle(f"{config['env_id']}: counterfactual check of the snapshot influence", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=130)
+    print(f"wrote {args.out}")
+
+
+# ---- I-PPO's claims (rlhf_variants.py, docs/ippo.md) ----
+
+IPPO_LABELS = {"sft": "SFT policy (not trained)", "none": "PPO", "influence": "IIF (f_seq)",
+               "i-ppo": "I-PPO", "i-ppo-noreweight": "I-PPO, no reweighting",
+               "i-ppo-v16": "I-PPO, 16 reference answers"}
+IPPO_COLORS = {"sft": "black", "none": "tab:blue", "influence": "tab:red", "i-ppo": "tab:green",
+               "i-ppo-noreweight": "tab:olive", "i-ppo-v16": "tab:cyan"}
+ROUND_TIME = ("t_generate", "t_forward", "t_influence", "t_optim")
+
+
+@dataclass
+class Ippo:
+    """rlhf_variants.py's runs of results/ippo.sh: I-PPO against SFT, PPO and IIF"""
+    runs: str = "results/runs"
+    """folder of <env>__<label>__<seed> runs"""
+    env: tuple[str, ...] = ("ippo-cot", "ippo-detox")
+    """the runs' name prefixes, one per task"""
+    last: int = 5
+    """rounds in the trailing means of the reward and the test metric"""
+    out: str = "ippo.png"
+    """PNG of the curves; the kept fractions go to the same name with _kept"""
+
+
+def load(plain, rows):
+    """The load on the machine during rows' run against plain's: the ratio of their mean seconds a
+    round of generation and forward pass, the same work under every method (a rough correction of
+    a ratio of times: it assumes the load slowed every stage alike)"""
+    return np.mean([r["t_generate"] + r["t_forward"] for r in plain]) / np.mean(
+        [r["t_generate"] + r["t_forward"] for r in rows])
+
+
+def cmd_ippo(args):
+    """Per task and method, over seeds, mean [95 % bootstrap interval]: the final reward, test
+    metric and KL (means of the last --last rounds), the unfaithful share among right answers, the kept
+    fraction and the first round it falls below a half, and the seconds per round and to PPO's
+    final reward; then I-PPO's differences from SFT and PPO, seed by seed."""
+    w = args.last
+    tasks = [(env, load_runs(args.runs, env)) for env in args.env]
+    fig, axes = plt.subplots(len(tasks), 3, figsize=(14, 3.3 * len(tasks)), squeeze=False)
+    kfig, kaxes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 3.3), squeeze=False)
+    for (env, runs), ax, kax in zip(tasks, axes, kaxes[0]):
+        first_row = next(iter(next(iter(runs.values())).values()))[0]
+        cot = not np.isnan(first_row.get("eval_accuracy", np.nan))
+        metric, name = ("eval_accuracy", "test accuracy") if cot else ("eval_toxicity", "test toxicity")
+        labels = [lb for lb in IPPO_LABELS if lb in runs]
+        print(f"\n{env}: mean [95 % bootstrap interval] over seeds; reward and {name}: means of the last "
+              f"{w} rounds; seconds: generation, forward, scoring and update (test left out)\n")
+        print(f"| method | seeds | final reward | {name} | KL to the reference |" + (" unfaithful among right, test | unfaithful "
+              "among right, trained on |" if cot else "") + " kept, first 5 rounds | kept, last 5 | first round "
+              "kept < 1/2 | s a round | s a round / PPO's, load-adjusted | reaches PPO's final reward | s to it / "
+              "PPO's, load-adjusted |")
+        print("|---|---|---|---|---|" + ("---|---|" if cot else "") + "---|---|---|---|---|---|---|")
+        stats = {}
+        for lb in labels:
+            seeds = runs[lb]
+            final = {s: np.mean([r["reward_mean"] for r in rs[-w:]]) for s, rs in seeds.items()}
+            test = {s: np.nanmean([r[metric] for r in rs[-w:]]) for s, rs in seeds.items()}
+            stats[lb] = (final, test) + (({s: np.nanmean([r["eval_unfaithful"] for r in rs[-w:]])
+                                           for s, rs in seeds.items()},) if cot else ())
+            kept = [[r["n_kept"] / (r["episodes"] / (r["round"] + 1)) for r in rs] for rs in seeds.values()]
+            below = [next((k for k, x in enumerate(ks) if x < 0.5), None) for ks in kept]
+            per_round = [np.mean([sum(r[k] for k in ROUND_TIME) for r in rs]) for rs in seeds.values()]
+            vs_ppo = [np.mean([sum(r[k] for k in ROUND_TIME) for r in rs]) / np.mean(
+                [sum(r[k] for k in ROUND_TIME) for r in runs["none"][s]]) * load(runs["none"][s], rs)
+                for s, rs in seeds.items() if s in runs.get("none", {})]
+            kl = [np.mean([r["kl"] for r in rs[-w:]]) for rs in seeds.values()]
+            line = f"| {IPPO_LABELS[lb]} | {len(seeds)} | {fmt_ci(list(final.values()), 1, '.3f')} | " \
+                   f"{fmt_ci(list(test.values()), 1, '.3f')} | {fmt_ci(kl, 1, '.2f')} |"
+            if cot:
+                unf_test = list(stats[lb][2].values())
+                col = "unfaithful_buffer" if lb in ("none", "sft") else "unfaithful_kept"
+                unf_kept = [np.nanmean([r[col] for r in rs]) for rs in seeds.values()]
+                line += f" {fmt_ci(unf_test, 1, '.3f')} | {fmt_ci(unf_kept, 1, '.3f')} |"
+            reach, ratio = 0, []
+            if lb not in ("sft", "none") and "none" in runs:
+                for s, rs in seeds.items():
+                    plain = runs["none"].get(s)
+                    if plain is None:
+                        continue
+                    target = np.mean([r["reward_mean"] for r in plain[-w:]])
+                    sm = smooth([r["reward_mean"] for r in rs], w)
+                    j = next((j for j, v in enumerate(sm) if v >= target), None)
+                    if j is None:
+                        continue
+                    reach += 1
+                    secs = np.cumsum([sum(r[k] for k in ROUND_TIME) for r in rs])[j + w - 1]
+                    secs_plain = np.cumsum([sum(r[k] for k in ROUND_TIME) for r in plain])[-1]
+                    ratio.append(secs / secs_plain * load(plain, rs))
+            never = sum(b is None for b in below)
+            first_below = (f"{np.mean([b for b in below if b is not None]):.1f}"
+                           + (f" ({never} never)" if never else "")) if never < len(below) else "never"
+            trained = lb != "sft"
+            line += (f" {fmt_ci([np.mean(k[:5]) for k in kept], 1, '.2f') if trained else '-'} | "
+                     f"{fmt_ci([np.mean(k[-5:]) for k in kept], 1, '.2f') if trained else '-'} | "
+                     f"{first_below if trained else '-'} | {fmt_ci(per_round, 1, '.2f')} | "
+                     f"{fmt_ci(vs_ppo, 1, '.2f') if vs_ppo else '-'} | "
+                     + (f"{reach} of {len(seeds)} | {fmt_ci(ratio, 1, '.2f') if ratio else '-'} |"
+                        if lb not in ("sft", "none") else "- | - |"))
+            print(line)
+            n = min(len(rs) for rs in seeds.values())
+            x = np.arange(1, n + 1)
+            panels = [(ax[0], [[r["reward_mean"] for r in rs[:n]] for rs in seeds.values()], "training reward"),
+                      (ax[1], [[r[metric] for r in rs[:n]] for rs in seeds.values()], name)]
+            if cot:
+                panels.append((ax[2], [[r["eval_unfaithful"] for r in rs[:n]] for rs in seeds.values()],
+                               "unfaithful share of right test answers"))
+            else:
+                panels.append((ax[2], [[r["kl"] for r in rs[:n]] for rs in seeds.values()], "KL to the reference"))
+            for a, c, title in panels:
+                c = np.array(c, dtype=float)
+                mean = np.nanmean(c, 0)
+                a.plot(x, mean, color=IPPO_COLORS[lb], label=f"{IPPO_LABELS[lb]} ({len(c)})")
+                a.fill_between(x, mean - np.nanstd(c, 0), mean + np.nanstd(c, 0), color=IPPO_COLORS[lb], alpha=0.12,
+                               linewidth=0)
+                a.set(title=f"{env}: {title}", xlabel="round")
+            if trained:
+                k = np.array([ks[:n] for ks in kept])
+                kax.plot(x, k.mean(0), color=IPPO_COLORS[lb], label=IPPO_LABELS[lb])
+                kax.fill_between(x, k.min(0), k.max(0), color=IPPO_COLORS[lb], alpha=0.12, linewidth=0)
+        kax.axhline(0.5, color="gray", linewidth=0.8, linestyle=":")
+        kax.set(title=f"{env}: kept fraction (mean, range over seeds)", xlabel="round", ylim=(0, 1.05))
+        kax.legend(fontsize=7)
+        ax[0].legend(fontsize=7)
+        for ippo in [lb for lb in ("i-ppo", "i-ppo-noreweight") if lb in stats]:
+            print(f"\n{IPPO_LABELS[ippo]} minus each method, seed by seed, mean [95 % bootstrap interval]:\n")
+            print(f"| against | final reward | {name} |" + (" unfaithful among right, test |" if cot else ""))
+            print("|---|---|---|" + ("---|" if cot else ""))
+            for lb in [b for b in labels if b != ippo]:
+                seeds = sorted(set(stats[ippo][0]) & set(stats[lb][0]))
+                d = [[stats[ippo][j][s] - stats[lb][j][s] for s in seeds] for j in range(len(stats[lb]))]
+                print(f"| {IPPO_LABELS[lb]} ({len(seeds)} seeds) | "
+                      + " | ".join(fmt_ci(x, 1, "+.3f") for x in d) + " |")
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+    kfig.tight_layout()
+    kout = args.out.replace(".png", "_kept.png")
+    kfig.savefig(kout, dpi=110)
+    print(f"\nwrote {args.out} and {kout}")
 
 
 # ---- RLHF methods at equal KL to the reference (results/frontier.sh) ----
@@ -149,6 +835,12 @@ def cmd_frontier(args):
 
 
 COMMANDS = {  # subcommand: (its flags, what it runs)
+    "sensitivity": (Sensitivity, cmd_sensitivity),
+    "ablation": (Ablation, cmd_ablation),
+    "dropped": (Dropped, cmd_dropped),
+    "rescore": (Rescore, cmd_rescore),
+    "counterfactual": (Counterfactual, cmd_counterfactual),
+    "ippo": (Ippo, cmd_ippo),
     "frontier": (Frontier, cmd_frontier),
 }
 

@@ -257,16 +257,21 @@ def influence(model, b, t, args, world=1, all_sum=lambda g: g):
 
 
 def filter_records(scores, method, p, gen):
-    """The kept mask. 'influence' drops every completion with influence <= 0 (p None), or the
-    floor(p x n_negative) most negative, ties by buffer order; 'random' as many at random."""
+    """Stage II of Alg. 1: (kept mask on the scores' device, n_negative). 'influence' drops every
+    completion with influence <= 0 (p None, the released RLHF code), or the floor(p x n_negative)
+    most negative; completions tied with the first one kept stay (iif.py's rule); 'random' drops
+    as many uniformly at random."""
     kept = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
-    n_drop = int((scores <= 0).sum()) if p is None else int(p * int((scores < 0).sum()) + 1e-9)
-    if method == "influence":
-        order = torch.argsort(scores, stable=True)
-    else:
+    n_neg = int((scores < 0).sum())
+    # 1e-9: p x n_negative in floating point can fall just below a whole number (0.29 x 100)
+    n_drop = int((scores <= 0).sum()) if p is None else int(p * n_neg + 1e-9)
+    order = torch.argsort(scores, stable=True)
+    if n_drop < len(scores):
+        n_drop = int((scores < scores[order[n_drop]]).sum())
+    if method == "random":
         order = torch.randperm(len(scores), generator=gen).to(scores.device)
     kept[order[:n_drop]] = False
-    return kept
+    return kept, n_neg
 
 
 def keep_only(trainer, b, kept):
@@ -296,8 +301,9 @@ class IIFGRPOTrainer(GRPOTrainer):
         super().__init__(*a, **kw)
         self.iif_args, self.columns = iif_args, METRICS
         self.iif_gen = torch.Generator().manual_seed(iif_args.seed)  # the same on every process
-        self.n_rounds, self.row, self.writer = 0, None, None  # writer: on the main process
+        self.rounds_done, self.row, self.writer = 0, None, None  # writer: on the main process
         self.t_gen, self.rewards = 0.0, None  # the generation batch's generation time and rewards
+        self.step_losses, self.logged = [], {}  # its steps' losses and TRL's metrics of them
         self.sharded = self.accelerator.distributed_type.value in ("FSDP", "DEEPSPEED")
         # optimizer steps a generation batch is trained for; its metrics.csv row follows the last
         self.steps_per_batch = (self.args.steps_per_generation * self.num_iterations
@@ -316,6 +322,17 @@ class IIFGRPOTrainer(GRPOTrainer):
         self.t_gen += timer() - t0
         return self.rewards
 
+    def compute_loss(self, model, inputs, *a, **kw):
+        """TRL's loss of a micro-batch; it and the metrics TRL logs of it (DIAGNOSTICS) are kept for
+        the generation batch's row, since TRL clears its own at every log"""
+        loss = super().compute_loss(model, inputs, *a, **kw)
+        if model.training:
+            self.step_losses.append(loss.detach())
+            for key in DIAGNOSTICS.values():
+                if self._metrics["train"].get(key):
+                    self.logged.setdefault(key, []).append(self._metrics["train"][key][-1])
+        return loss
+
     def _generate_and_score_completions(self, inputs):
         # Stage I (Alg. 1): generation batch B(k) at theta(k): completions, rewards, advantages
         t0, self.t_gen = timer(), 0.0
@@ -330,13 +347,13 @@ class IIFGRPOTrainer(GRPOTrainer):
             b = keep_only(self, b, kept)
         self.t_stage2_end = timer()
         self._metrics["train"]["iif/kept_fraction"].append(float(kept.float().mean()))
-        self.row = dict(round=self.n_rounds, step=self.state.global_step, completions=len(rewards),
+        self.row = dict(round=self.rounds_done, step=self.state.global_step, completions=len(rewards),
                         reward_mean=rewards.nanmean().item(), reward_std=rewards.std().item(),
                         n_kept=int(kept.sum()),
                         n_negative="" if scores is None else int((scores < 0).sum()),
                         t_generate=t_generate, t_forward=t_forward,
                         t_influence=self.t_stage2_end - t0)
-        self.n_rounds += 1
+        self.rounds_done += 1
         # Stage III (Alg. 1) follows: TRL's GRPO steps on the kept completions of b
         return b
 
@@ -351,8 +368,8 @@ class IIFGRPOTrainer(GRPOTrainer):
                            all_sum=lambda g: acc.reduce(g, reduction="sum"))
         scores = acc.gather(scores).cpu()
         if not torch.isfinite(scores).all():
-            fail(f"generation batch {self.n_rounds}: non-finite influence; lower --learning-rate")
-        return filter_records(scores, args.filter_method, args.filter_p, self.iif_gen), scores
+            fail(f"generation batch {self.rounds_done}: non-finite influence; lower --learning-rate")
+        return filter_records(scores, args.filter_method, args.filter_p, self.iif_gen)[0], scores
 
     def write_row(self, r):
         """The generation batch's metrics.csv row, flushed, and its progress line"""
@@ -376,6 +393,10 @@ class WriteRow(TrainerCallback):
         if t.row is not None and (state.global_step % t.steps_per_batch == 0
                                   or state.global_step >= state.max_steps):
             t.row["t_optim"] = timer() - t.t_stage2_end
+            t.row["loss"] = torch.stack(t.step_losses).mean().item() if t.step_losses else ""
+            t.row.update({col: np.mean(t.logged[key]) if key in t.logged else ""
+                          for col, key in DIAGNOSTICS.items()})
+            t.step_losses, t.logged = [], {}
             t.write_row(t.row)
             t.row = None
 
@@ -392,12 +413,12 @@ def main(args, trainer=None):
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, "config.json"), "w") as f:
             json.dump(vars(args), f, indent=1)
-        trainer.writer = open_metrics(run_dir, trainer.n_rounds, trainer.columns)
+        trainer.writer = open_metrics(run_dir, trainer.rounds_done, trainer.columns)
         n_trainable = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)
         print(f"{args.model_name} ({n_trainable:,} trainable parameters) on {acc.device} x "
               f"{acc.num_processes} ({acc.distributed_type.value}): generation batches of "
               f"{args.batch_size}, filter {args.filter_method}, target {args.target} -> {run_dir}"
-              + (f", after {trainer.n_rounds} generation batches" if trainer.n_rounds else ""),
+              + (f", after {trainer.rounds_done} generation batches" if trainer.rounds_done else ""),
               flush=True)
     try:  # Alg. 1 in every generation batch, inside TRL's loop
         trainer.train()
@@ -627,14 +648,17 @@ def timer():
     return time.perf_counter()
 
 
+# TRL's metrics of a step, as the other scripts name them (TRL logs no policy loss apart, no
+# approximate KL to the old policy, and GRPO has no value function)
+DIAGNOSTICS = {"entropy": "entropy", "clip_frac": "clip_ratio/region_mean", "kl_ref": "kl"}
 METRICS = ["round", "step", "completions", "reward_mean", "reward_std", "n_kept", "n_negative",
-           "t_generate", "t_forward", "t_influence", "t_optim"]
+           "t_generate", "t_forward", "t_influence", "t_optim", "loss", *DIAGNOSTICS]
 
 
-def open_metrics(run_dir, n_rounds, columns):
-    """metrics.csv, new, or (resuming) cut back to its first n_rounds generation batches"""
+def open_metrics(run_dir, rounds_done, columns):
+    """metrics.csv, new, or (resuming) cut back to its first rounds_done generation batches"""
     path = os.path.join(run_dir, "metrics.csv")
-    rows = [r for r in csv.DictReader(open(path)) if int(r["round"]) < n_rounds] if n_rounds else []
+    rows = [r for r in csv.DictReader(open(path)) if int(r["round"]) < rounds_done] if rounds_done else []
     writer = csv.DictWriter(f := open(path, "w", newline=""), fieldnames=columns)
     writer.writeheader()
     writer.writerows(rows)

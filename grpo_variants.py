@@ -235,7 +235,7 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
         self.columns = self.columns[:i] + [self.test_column] + self.columns[i:] + ["t_eval"]
         if args.resume_from_checkpoint:  # the generation batches done, the random filter's state
             state = torch.load(os.path.join(args.resume_from_checkpoint, "iif_state.pt"))
-            self.n_rounds = state["n_rounds"]
+            self.rounds_done = state["rounds_done"]
             self.iif_gen.set_state(state["iif_gen"])
 
     def score_and_filter(self, b, t=None):
@@ -282,7 +282,7 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
                            all_sum=lambda g: acc.reduce(g, reduction="sum"))
         scores = acc.gather(scores).cpu()
         if not torch.isfinite(scores).all():
-            fail(f"generation batch {self.n_rounds}: non-finite scores; lower --learning-rate")
+            fail(f"generation batch {self.rounds_done}: non-finite scores; lower --learning-rate")
         kept = scores > 0
         weights = kept.float()
         if args.reweight and kept.any():
@@ -347,7 +347,7 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
         """TRL's checkpoint, with the generation batches done and the random filter's generator"""
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
-            torch.save({"iif_gen": self.iif_gen.get_state(), "n_rounds": self.n_rounds},
+            torch.save({"iif_gen": self.iif_gen.get_state(), "rounds_done": self.rounds_done},
                        os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}",
                                     "iif_state.pt"))
 

@@ -285,9 +285,11 @@ def normalize(x):
 
 
 # ---- Stage II of Alg. 1: the target function, the influence of every record, the filter ----
-def ppo_losses(agent, b, idx, args, params=None, adv=None, vf_coef=None):
+DIAGNOSTICS = ("pg_loss", "vf_loss", "entropy", "approx_kl", "clip_frac")  # PPO's, per update
+def ppo_losses(agent, b, idx, args, params=None, adv=None, vf_coef=None, parts=None):
     """Per-record PPO loss l_i (Sec. 2.1) of records idx; an optimizer step minimises its mean.
-    params: parameters to evaluate the agent at (torch.func); adv, vf_coef: defaults b's, args'."""
+    params: parameters to evaluate the agent at (torch.func); adv, vf_coef: defaults b's, args';
+    parts: a dict that gets each record's DIAGNOSTICS (no gradient)."""
     obs, actions = b["obs"][idx], b["actions"][idx]
     if params is None:
         logp, entropy, value = agent(obs, actions)
@@ -299,6 +301,10 @@ def ppo_losses(agent, b, idx, args, params=None, adv=None, vf_coef=None):
     clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
     pg_loss = -torch.min(ratio * adv, clipped_ratio * adv)
     v_loss = (b["returns"][idx] - value) ** 2  # as SB3: no 1/2 and no value clipping
+    if parts is not None:  # CleanRL's approx KL, (r - 1) - log r, and clip fraction
+        r = ratio.detach()
+        parts.update(zip(DIAGNOSTICS, (pg_loss.detach(), v_loss.detach(), entropy.detach(),
+                                       r - 1 - r.log(), ((r - 1).abs() > args.clip_coef).float())))
     return pg_loss + vf_coef * v_loss - args.ent_coef * entropy
 
 
@@ -372,14 +378,17 @@ def make_optimizer(agent, args):
 
 def ppo_update(agent, optimizer, b, kept_idx, args, rng):
     """The usual PPO epochs over the kept records. Minibatches keep their size, and each epoch's
-    remainder is skipped (the released code), so a filtered round takes fewer steps: returned."""
-    n_updates = 0
+    remainder is skipped (the released code), so a filtered round takes fewer steps. Returns the
+    steps and the means over them of the DIAGNOSTICS."""
+    n_updates, stats = 0, []
     for epoch in range(args.update_epochs):
         perm = kept_idx[torch.as_tensor(rng.permutation(len(kept_idx)))]
         for start in range(0, len(perm) - args.minibatch_size + 1, args.minibatch_size):
             mb_inds = perm[start:start + args.minibatch_size]
             mb_adv = normalize(b["advantages"][mb_inds])  # per minibatch, after filtering (SB3)
-            loss = ppo_losses(agent, b, mb_inds, args, adv=mb_adv).mean()
+            parts = {}
+            loss = ppo_losses(agent, b, mb_inds, args, adv=mb_adv, parts=parts).mean()
+            stats.append([float(parts[k].mean()) for k in DIAGNOSTICS])
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite PPO loss at epoch {epoch}, step {n_updates}; "
                                          "lower --learning-rate or set --max-grad-norm")
@@ -389,7 +398,12 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng):
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
             n_updates += 1
-    return n_updates
+    return n_updates, dict(zip(DIAGNOSTICS, np.mean(stats, 0) if stats else [None] * 5))
+
+
+def explained_variance(b):
+    """1 - Var(R - V) / Var(R) on B(k): how much of the returns V(s) at theta(k) explained"""
+    return float(1 - (b["returns"] - b["values"]).var() / b["returns"].var())
 
 
 @torch.no_grad()
@@ -427,7 +441,7 @@ def evaluate(agent, envs, n_episodes, seed):
 
 METRICS = ["round", "global_step", "train_return", "test_return_mean", "test_return_std",
            "n_records", "n_kept", "n_dropped", "n_negative", "agreement", "n_updates", "kl",
-           "t_rollout", "t_influence", "t_optim", "t_eval"]
+           "t_rollout", "t_influence", "t_optim", "t_eval", *DIAGNOSTICS, "explained_var"]
 
 
 # ---- The loop of Alg. 1 ----
@@ -477,7 +491,7 @@ def main(args):
         theta_k = ({key: v.clone() for key, v in agent.state_dict().items()}
                    if args.save_rounds else None)  # theta(k), for the round file
         try:
-            n_updates = ppo_update(agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng)
+            n_updates, stats = ppo_update(agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng)
         except FloatingPointError as e:
             fail(f"round {k}: {e}")
         t3 = time.perf_counter()
@@ -490,7 +504,8 @@ def main(args):
                    test_return_std=test_std, n_records=args.batch_size, n_kept=int(kept.sum()),
                    n_dropped=int((~kept).sum()), n_negative=n_negative, agreement=agreement,
                    n_updates=n_updates, kl=approx_kl(agent, b), t_rollout=t1 - t0,
-                   t_influence=t2 - t1, t_optim=t3 - t2, t_eval=t4 - t3)
+                   t_influence=t2 - t1, t_optim=t3 - t2, t_eval=t4 - t3, **stats,
+                   explained_var=explained_variance(b))
         metrics.writerow(row)
         metrics_file.flush()  # an interrupted run keeps every finished round
         if args.save_rounds:

@@ -34,8 +34,9 @@ import tyro
 from torch.func import jvp
 
 import iif
-from iif import (PRESETS, Agent, approx_kl, collect_rollout, evaluate, fail, make_env,
-                 make_optimizer, normalize, ppo_losses, target_agreement, target_grad)
+from iif import (DIAGNOSTICS, PRESETS, Agent, approx_kl, collect_rollout, evaluate,
+                 explained_variance, fail, make_env, make_optimizer, normalize, ppo_losses,
+                 target_agreement, target_grad)
 
 
 @dataclasses.dataclass
@@ -208,7 +209,11 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
     (App. C.5), each epoch draws its records with these probabilities, with replacement."""
     mbs = args.minibatch_size
     tracin = None if target is None else torch.zeros_like(b["advantages"])
-    n_updates = 0
+    n_updates, stats = 0, []
+
+    def done():  # the steps, the scores, and the means of the steps' DIAGNOSTICS for the row
+        diagnostics.update(zip(DIAGNOSTICS, np.mean(stats, 0) if stats else [None] * len(DIAGNOSTICS)))
+        return n_updates, tracin
     for epoch in range(args.update_epochs):
         if sample_p is None:
             order = rng.permutation(len(kept_idx))
@@ -218,7 +223,7 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
         for start in range(0, len(perm) - mbs + 1, mbs):
             mb_inds = perm[start:start + mbs]
             if args.target_kl > 0 and approx_kl(agent, slice_of(b, mb_inds)) > 1.5 * args.target_kl:
-                return n_updates, tracin  # the policy left the trust region of theta(k)
+                return done()  # the policy left the trust region of theta(k)
             mb_adv = b["advantages"][mb_inds]
             if args.adv_norm == "minibatch":
                 mb_adv = normalize(mb_adv)
@@ -226,7 +231,9 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
                 with timed("t_influence", inside="t_optim"):
                     step_scores = influence(agent, b, mb_inds, target, args, mb_adv,
                                             step_precond(agent, optimizer, args))
-            loss = ppo_losses(agent, b, mb_inds, args, adv=mb_adv).mean()
+            parts = {}
+            loss = ppo_losses(agent, b, mb_inds, args, adv=mb_adv, parts=parts).mean()
+            stats.append([float(parts[k].mean()) for k in DIAGNOSTICS])
             if not torch.isfinite(loss):
                 raise FloatingPointError(
                     f"non-finite PPO loss ({loss.item()}) at epoch {epoch}, step {n_updates}; "
@@ -242,7 +249,7 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
                 tracin.index_add_(0, mb_inds, scale * step_scores)
             optimizer.step()
             n_updates += 1
-    return n_updates, tracin
+    return done()
 
 
 def slice_of(b, idx):
@@ -289,12 +296,13 @@ def held_update(agent, optimizer, b, kept, args, rng, scale):
         tries.append((scale, kl, time.perf_counter() - t0))
         miss = abs(math.log(kl / kl_std)) if kl > 0 and kl_std > 0 else math.inf
         if best is None or miss < best[0]:
-            best = (miss, len(tries) - 1, state(), n_updates)
+            best = (miss, len(tries) - 1, state(), n_updates, dict(diagnostics))
         if n_updates == 0 or kl_std <= 0 or abs(kl / kl_std - 1) <= HOLD_TOLERANCE:
             break
         scale = next_scale(tries, kl_std)
-    _, i, end, n_updates = best
+    _, i, end, n_updates, diagnostics_of_best = best
     restore(end)
+    diagnostics.update(diagnostics_of_best)
     for group in optimizer.param_groups:
         group["lr"] = args.learning_rate
     for j, (_, _, t) in enumerate(tries):  # the tries not kept are the held step's cost
@@ -467,7 +475,8 @@ def main(args):
                        test_return_mean=test[0], test_return_std=test[1],
                        n_records=args.batch_size, n_kept=int(kept.sum()),
                        n_dropped=int((~kept).sum()), n_negative=n_negative, agreement=agreement,
-                       n_updates=n_updates, kl=approx_kl(agent, b), **held, **seconds)
+                       n_updates=n_updates, kl=approx_kl(agent, b), **held, **seconds,
+                       **diagnostics, explained_var=explained_variance(b))
             run.end_round(row, dict(b, round=k, global_step=row["global_step"], state_dict=theta_k,
                                     influence=scores, kept=kept, influence_tracin=tracin,
                                     target=args.target))
@@ -646,6 +655,7 @@ def load_checkpoint(run_dir, args):
 
 
 seconds = collections.defaultdict(float)  # metrics.csv's t_* columns of the round under way
+diagnostics = {}  # its DIAGNOSTICS columns: the means over ppo_update's steps
 
 
 @contextlib.contextmanager

@@ -10,10 +10,15 @@ so the PPO step for language models is written out below, following TRL 0.11's.
     python rlhf_iif.py --filter-method influence             # the paper's run: hub models, a GPU
     python rlhf_iif.py --filter-method influence --compile   # one CUDA graph a step (untried)
     bash results/rlhf_toy.sh "1" "influence"                 # offline on a CPU, a toy task
+
+Read top to bottom: flags, policy and generation, Stages I-III, the test, main (the loop). --compile
+lives in rlhf_compile.py (this file runs alone without it): main passes Stage I its sampler and Stage
+III its optimizer step, so Alg. 1 has no branch for it.
 """
 import contextlib
 import copy
 import csv
+import importlib.util
 import json
 import os
 import sys
@@ -32,6 +37,19 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 @dataclass
 class Args:
+    # influence and filtering (Sec. 3.1, 5.1, 5.3)
+    filter_method: Literal["influence", "random", "none"] = "influence"
+    """influence: IIF; random: drop as many episodes uniformly at random; none: standard PPO"""
+    filter_p: Optional[float] = None
+    """fraction in (0, 1] of the negative episodes to drop (default: every one <= 0, as released)"""
+    target: Literal["f_seq", "f_return"] = "f_seq"
+    """target function: f_seq (Sec. 5.3) or the token-level f_return (Sec. 3.1, App. C.8)"""
+    target_data: Literal["buffer", "validation"] = "buffer"
+    """f on the round's buffer, or on fresh episodes of held-out prompts (the released code's)"""
+    validation_size: int = 1024
+    """held-out prompts generated on each round for --target-data validation"""
+
+    # the task (App. B.3)
     model_name: str = "EleutherAI/gpt-neo-2.7B"
     """policy: a causal LM, hub name or local folder; the frozen reference is its initial state"""
     reward_model: str = "facebook/roberta-hate-speech-dynabench-r4-target"
@@ -39,8 +57,9 @@ class Args:
     reward_label: str = "nothate"
     """label of --reward-model whose raw logit is the reward"""
     dataset: str = "allenai/real-toxicity-prompts"
-    """prompts: a hub dataset or a local .json/.jsonl with its fields (prompt.text, prompt.toxicity,
-    continuation.text)"""
+    """prompts: a hub dataset or a local .json/.jsonl with its fields (prompt.text, .toxicity, ...)"""
+
+    # the run
     seed: int = 1
     """seed of torch (generation, value head), the prompt split and order, and the random filter"""
     run_name: Optional[str] = None
@@ -50,12 +69,10 @@ class Args:
     device: Optional[str] = None
     """torch device (default: cuda when available, else cpu)"""
     dtype: Optional[Literal["bfloat16", "float32"]] = None
-    """bfloat16: frozen weights in bfloat16, passes under torch.autocast (the released code loads
-    the policy in bfloat16); what trains, log-probabilities, losses and influence stay float32
-    (default: bfloat16 on a GPU that supports it, float32 elsewhere)"""
+    """bfloat16: frozen weights in bfloat16, passes under autocast (as released); what trains, losses
+    and influence stay float32 (default: bfloat16 on a GPU that supports it, else float32)"""
     compile: bool = False
-    """the optimizer step at static shapes under torch.compile, on CUDA one CUDA graph; generation
-    with a static KV cache where it is exact"""
+    """the optimizer step compiled at static shapes, on CUDA one CUDA graph; a static KV cache"""
     threads: Optional[int] = None
     """torch CPU threads (default: torch's choice)"""
 
@@ -71,9 +88,8 @@ class Args:
     held_out_fraction: float = 0.2
     """prompts held out of training (TRL's example split), for --target-data validation"""
 
-    # PPO for language models (TRL 0.11's defaults and the paper's batch settings; the KL settings
-    # are the released code's: TRL's defaults, which App. B.3 implies, are --init-kl-coef 0.2
-    # --kl-target 6)
+    # PPO for language models (TRL 0.11's defaults, the paper's batch settings; the KL settings are
+    # the released code's: TRL's, which App. B.3 implies, are --init-kl-coef 0.2 --kl-target 6)
     batch_size: int = 256
     """episodes a round: the rollout buffer B(k)"""
     mini_batch_size: int = 1
@@ -109,27 +125,11 @@ class Args:
     lora_alpha: int = 32
     """LoRA alpha"""
     lora_target_modules: Optional[str] = None
-    """comma-separated module names for LoRA (default: peft's choice for the architecture,
-    q_proj,v_proj for GPT-Neo as in the released code)"""
+    """comma-separated modules for LoRA (default: peft's; q_proj,v_proj for GPT-Neo, as released)"""
     forward_batch_size: Optional[int] = None
     """episodes per batched forward and influence pass (default: 64 on a GPU, 16 on the CPU)"""
     generation_batch_size: Optional[int] = None
     """prompts per generate() call (default: all, or as many as half the free GPU memory holds)"""
-
-    # influence and filtering (Sec. 3.1, 5.1, 5.3)
-    filter_method: Literal["influence", "random", "none"] = "influence"
-    """influence: IIF; random: drop as many episodes uniformly at random; none: standard PPO"""
-    filter_p: Optional[float] = None
-    """fraction in (0, 1] of the negative-influence episodes to drop, most negative first (default:
-    drop every episode with influence <= 0, as the released code does)"""
-    target: Literal["f_seq", "f_return"] = "f_seq"
-    """target function: f_seq (Sec. 5.3: log pi(y|x) times the advantage at the last token) or the
-    token-level f_return (Sec. 3.1, App. C.8)"""
-    target_data: Literal["buffer", "validation"] = "buffer"
-    """episodes f is measured on: the round's buffer, or fresh generations on --validation-size
-    held-out prompts (the released code's)"""
-    validation_size: int = 1024
-    """held-out prompts generated on each round for --target-data validation"""
 
     # evaluation (App. B.3)
     eval_every: int = 1
@@ -149,6 +149,15 @@ class Args:
 
 
 # ---- The policy, generation and the reward (App. B.3) ----
+def up(x):
+    """x in float32 at least (bfloat16 activations under mixed precision)"""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def batches(n, size):
+    return [torch.arange(i, min(i + size, n)) for i in range(0, n, size)]
+
+
 class Policy(nn.Module):
     """The causal LM with a value head on its last hidden state (TRL's ...WithValueHead)"""
 
@@ -217,13 +226,12 @@ def ref_logprobs(policy, ref, ids, attn, T):
 
 
 @torch.no_grad()
-def generate(policy, queries, tokenizer, args, device, P=None):
-    """Sample continuations of the queries; rows are [left padding, prompt, continuation, right
-    padding], P + --gen-tokens wide (P: the longest query, or a fixed width, --compile's, then
-    with a static KV cache). Returns ids, attention mask and the response mask (the continuation
-    up to and with its first EOS)."""
-    static = static_cache(policy.lm, P + args.gen_tokens, device) if P else {}
-    P = max(P or 0, *map(len, queries))
+def generate(policy, queries, tokenizer, args, device, width=None, **cache):
+    """Sample continuations of the queries: the episodes {ids, attn, mask, texts}. Rows are [left
+    padding, prompt, continuation, right padding], the prompt part as wide as the longest query (or
+    width); mask: the continuation up to and with its first EOS. cache: more arguments of the LM's
+    generate() (--compile's static KV cache)."""
+    P = max(width or 0, *map(len, queries))
     T, pad, eos = args.gen_tokens, tokenizer.pad_token_id, tokenizer.eos_token_id
     ids = torch.full((len(queries), P + T), pad, dtype=torch.long)
     attn = torch.zeros_like(ids)
@@ -239,12 +247,14 @@ def generate(policy, queries, tokenizer, args, device, P=None):
                 do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
                 repetition_penalty=1.0, no_repeat_ngram_size=0, max_new_tokens=T,
                 min_new_tokens=0, pad_token_id=pad, eos_token_id=eos,
-                **static)
+                **cache)
         ids[idx, P:out.shape[1]] = out[:, P:].cpu()
     is_eos = ids[:, P:] == eos  # a call that stops early does so because every row has reached EOS
     mask = ((is_eos.cumsum(1) - is_eos.long()) == 0).float()  # no EOS before this position
     attn[:, P:] = mask.long()
-    return ids.to(device), attn.to(device), mask.to(device)
+    b = dict(ids=ids.to(device), attn=attn.to(device), mask=mask.to(device))
+    b["texts"] = continuations(tokenizer, b)
+    return b
 
 
 @torch.no_grad()
@@ -268,18 +278,10 @@ def continuations(tokenizer, b):
 
 
 # ---- Stage I of Alg. 1: the buffer B(k), KL-shaped rewards and GAE (Sec. 2.1, TRL 0.11's PPO) ----
-def rollout(policy, ref, queries, kl_coef, reward_fn, tokenizer, args, device):
-    """Stage I of Alg. 1 for language models: generate, reward, and compute log pi, V, the
-    KL-shaped per-token rewards and GAE advantages at theta(k). Returns the buffer and
-    (t_generate, t_forward)."""
-    t0 = timer(device)
-    # --compile: every round's buffer as wide as the prompt budget allows, so shapes never change
-    ids, attn, mask = generate(policy, queries, tokenizer, args, device,
-                               P=args.prompt_max_tokens if args.compile else None)
-    b = dict(ids=ids, attn=attn, mask=mask)
-    b["texts"] = continuations(tokenizer, b)
-    b["rewards"] = reward_fn(b["texts"], queries)  # r(x, y), one number an episode
-    t1 = timer(device)
+def rollout(policy, ref, b, kl_coef, args):
+    """Stage I of Alg. 1 for language models, on generated and rewarded episodes b: log pi, V, the
+    KL-shaped per-token rewards and GAE advantages at theta(k), added to b"""
+    ids, attn, mask = b["ids"], b["attn"], b["mask"]
     T = mask.shape[1]
     out = []
     with torch.no_grad():
@@ -296,12 +298,18 @@ def rollout(policy, ref, queries, kl_coef, reward_fn, tokenizer, args, device):
     adv, b["returns"] = compute_gae(token_rewards, b["values"], mask, args.gamma, args.lam)
     # whitened once over the buffer: scoring and training see the same A_hat
     b["advantages"] = whiten(adv, mask)
-    return b, (t1 - t0, timer(device) - t1)
+    return b
+
+
+def episodes(policy, ref, prompts, kl_coef, reward_fn, tokenizer, args, device):
+    """Stage I on prompts (main does the same on B(k), timing each part)"""
+    b = generate(policy, prompts, tokenizer, args, device)
+    b["rewards"] = reward_fn(b["texts"], prompts)
+    return rollout(policy, ref, b, kl_coef, args)
 
 
 def compute_gae(rewards, values, mask, gamma, lam):
-    """GAE over the tokens of each continuation (Sec. 2.1); values and rewards past its end count
-    as 0"""
+    """GAE over the tokens of each continuation (Sec. 2.1); past its end, values and rewards are 0"""
     values = values * mask
     rewards = rewards * mask
     adv = torch.zeros_like(rewards)
@@ -315,8 +323,7 @@ def compute_gae(rewards, values, mask, gamma, lam):
 
 
 def whiten(x, mask):
-    """TRL's masked whitening: zero mean, unit (unbiased) variance over the real tokens of the
-    buffer"""
+    """TRL's masked whitening: zero mean, unit (unbiased) variance over the buffer's real tokens"""
     mean = (x * mask).sum() / mask.sum()
     var = ((x - mean) ** 2 * mask).sum() / (mask.sum() - 1).clamp(min=1)
     return (x - mean) * torch.rsqrt(var + 1e-8)
@@ -331,10 +338,14 @@ def update_kl_coef(kl_coef, kl, n_episodes, args):
 
 
 # ---- Stage II of Alg. 1: the target f, the influence of every episode, the filter ----
-def ppo_losses(policy, b, idx, args, params=None, out=None):
+# PPO's per-update diagnostics (TRL 0.11 logs them as policy/approxkl, policy/clipfrac, val/clipfrac)
+DIAGNOSTICS = ("pg_loss", "vf_loss", "approx_kl", "clip_frac", "vf_clip_frac")
+
+
+def ppo_losses(policy, b, idx, args, params=None, out=None, parts=None):
     """Per-episode PPO loss l_i (Sec. 2.1, TRL's loss for LMs): token means of the clipped
-    surrogate and of vf_coef x 0.5 x the clipped squared value error. A minibatch's loss is the
-    mean over its episodes. out: the policy's (log pi, V) of these episodes, if already computed."""
+    surrogate and of vf_coef x 0.5 x the clipped squared value error; a minibatch's loss is their
+    mean. out: these episodes' (log pi, V), if computed; parts: gets their DIAGNOSTICS."""
     ids, attn, m = b["ids"][idx], b["attn"][idx], b["mask"][idx]
     T = m.shape[1]
     if out is None:
@@ -343,34 +354,44 @@ def ppo_losses(policy, b, idx, args, params=None, out=None):
     logp, v = out
     adv, old_v, ret = b["advantages"][idx], b["values"][idx], b["returns"][idx]
     ratio = torch.exp(logp - b["logprobs"][idx])
-    pg = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.cliprange, 1 + args.cliprange))
+    pg1, pg2 = -adv * ratio, -adv * ratio.clamp(1 - args.cliprange, 1 + args.cliprange)
+    pg = torch.max(pg1, pg2)
     v_clipped = old_v + (v - old_v).clamp(-args.cliprange_value, args.cliprange_value)
-    vf = 0.5 * torch.max((v - ret) ** 2, (v_clipped - ret) ** 2)
+    vf1, vf2 = (v - ret) ** 2, (v_clipped - ret) ** 2
+    vf = 0.5 * torch.max(vf1, vf2)
+    if parts is not None:
+        logr = (logp - b["logprobs"][idx]).detach()
+        parts.update({k: ((x.detach() * m).sum(1) / m.sum(1)) for k, x in zip(DIAGNOSTICS, (
+            pg, vf, torch.exp(logr) - 1 - logr, (pg2 > pg1).float(), (vf2 > vf1).float()))})
     return ((pg + args.vf_coef * vf) * m).sum(1) / m.sum(1)
 
 
-def target(policy, t, idx, args, logp=None):
-    """The target f on target episodes idx of t; summed over t's batches, f(theta). logp: the
-    policy's log pi of these episodes, if already computed."""
-    m = t["mask"]
-    if logp is None:
-        logp = policy(t["ids"][idx], t["attn"][idx], m.shape[1])[0]
-    if args.target == "f_seq":  # Sec. 5.3: mean over episodes of log pi(y|x) A_hat(last token)
-        w = t["advantages"][idx].gather(1, t["last"][idx, None]) * m[idx] / len(m)
-    else:  # f_return (Sec. 3.1): mean over tokens, each a (state, action), of log pi A_hat
-        w = t["advantages"][idx] * m[idx] / m.sum()
+def f_seq(logp, tb, idx):  # Sec. 5.3: the mean over episodes of log pi(y|x) x A_hat(last token)
+    """f on target episodes idx of tb, with their log pi (summed over tb's batches: f(theta))"""
+    w = tb["advantages"][idx].gather(1, tb["last"][idx, None]) * tb["mask"][idx] / len(tb["mask"])
     return (w * logp).sum()
 
 
-def influence_forward_mode(policy, b, t, args):
+def f_return(logp, tb, idx):  # Sec. 3.1: the mean over tokens, each an (s, a), of log pi x A_hat
+    w = tb["advantages"][idx] * tb["mask"][idx] / tb["mask"].sum()
+    return (w * logp).sum()
+
+
+def target(policy, tb, idx, args):
+    """--target (f_seq or f_return) on target episodes idx of tb"""
+    logp = policy(tb["ids"][idx], tb["attn"][idx], tb["mask"].shape[1])[0]
+    return (f_seq if args.target == "f_seq" else f_return)(logp, tb, idx)
+
+
+def influence_forward_mode(policy, b, tb, args):
     """The definition, for any trained parameters (--no-lora): I_i = <grad f(theta), -grad
     l_i(theta)> of every episode i of b at theta(k) (Sec. 3.1, 5.1). One backward pass over the
-    target episodes t gives grad f, one forward-mode pass along it every episode's inner product.
+    target episodes tb gives grad f, one forward-mode pass along it every episode's inner product.
     Parameters f does not reach (the value head) carry no tangent."""
     params = {n: p for n, p in policy.named_parameters() if p.requires_grad}
     grads = dict.fromkeys(params)
-    for idx in batches(len(t["ids"]), args.forward_batch_size):
-        g = torch.autograd.grad(target(policy, t, idx, args), list(params.values()),
+    for idx in batches(len(tb["ids"]), args.forward_batch_size):
+        g = torch.autograd.grad(target(policy, tb, idx, args), list(params.values()),
                                 allow_unused=True)
         for n, gi in zip(params, g):
             if gi is not None:
@@ -384,194 +405,10 @@ def influence_forward_mode(policy, b, t, args):
     return torch.cat(scores)
 
 
-def influence(policy, b, t, args):
-    """The same scores, fast, from LoRA layers' activations (influence_forward_mode otherwise). A
-    linear layer y = W x gets from one episode the gradient sum_s dy_s x_s^T over its tokens s,
-    so <G, grad_W l_i> = sum_s dy_s^T G x_s, G = grad_W f. Target on the buffer: one forward pass
-    of each batch and two backward passes, one of the losses (row i of dy is l_i's alone) and one
-    of f, give every g_i and G. Another target t, or gradients too large to keep: a pass over t
-    for G, then one over b. The value head takes no part (f does not reach it); the value loss
-    still counts through the LoRA layers it shares with the policy."""
-    layers = trained_linears(policy.lm)
-    if layers is None:
-        return influence_forward_mode(policy, b, t, args)
-    n_bytes = 4 * len(b["ids"]) * sum(m.weight.numel() for m in layers)
-    one_pass = t is b and n_bytes <= memory_for_grads(b["ids"].device)
-    G = [0.0] * len(layers)
-
-    def add_to_G(G, io, dys):  # G += sum over the batch's tokens of dy x^T, in float32
-        return [g + torch.einsum("...o,...i->oi", up(dy), up(x))
-                for g, (x, _), dy in zip(G, io, dys)]
-    if not one_pass:
-        for idx in batches(len(t["ids"]), args.forward_batch_size):
-            f, io = with_linear_io(layers, lambda: target(policy, t, idx, args))
-            G = add_to_G(G, io, grad(f, io))
-    scores, grads = [], []
-    for idx in batches(len(b["ids"]), args.forward_batch_size):
-        out, io = with_linear_io(layers, lambda: policy(b["ids"][idx], b["attn"][idx],
-                                                        b["mask"].shape[1]))
-        dys = grad(ppo_losses(policy, b, idx, args, out=out).sum(), io, retain=one_pass)
-        if not one_pass:
-            scores.append(-sum(((up(dy) @ g) * up(x)).flatten(1).sum(1)
-                               for g, (x, _), dy in zip(G, io, dys)))
-            continue
-        grads.append([torch.einsum("b...o,b...i->boi", up(dy), up(x))
-                      for (x, _), dy in zip(io, dys)])
-        G = add_to_G(G, io, grad(target(policy, b, idx, args, logp=out[0]), io))  # f's share
-    if one_pass:
-        scores = [-sum((g * gi).flatten(1).sum(1) for g, gi in zip(G, gs)) for gs in grads]
-    return torch.cat(scores)
-
-
-def filter_records(scores, method, p, gen):
-    """Stage II of Alg. 1: the kept mask, on the scores' device. 'influence' drops every episode
-    with influence <= 0 (p None), or the floor(p x n_negative) most negative, ties by buffer
-    order; 'random' as many at random."""
-    kept = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
-    n_drop = int((scores <= 0).sum()) if p is None else int(p * int((scores < 0).sum()) + 1e-9)
-    if method == "influence":
-        order = torch.argsort(scores, stable=True)
-    else:
-        order = torch.randperm(len(scores), generator=gen).to(scores.device)
-    kept[order[:n_drop]] = False
-    return kept
-
-
-# ---- Stage III of Alg. 1: PPO on the kept episodes; and the test toxicity (App. B.3) ----
-def ppo_update(policy, optimizer, b, kept, args, gen, weights=None, step=None):
-    """Stage III of Alg. 1: ppo_epochs passes over the kept episodes, reshuffled, mini_batch_size
-    at a time (a smaller last minibatch is kept), so a filtered round takes fewer optimizer steps.
-    weights: each episode's loss weight (default 1); step: --compile's step. The losses stay on
-    the device and are checked once the round is done, not after every step (a host sync)."""
-    device = b["ids"].device
-    kept_idx = torch.nonzero(kept.cpu()).squeeze(1)
-    if len(kept_idx) == 0:  # nothing kept: no step
-        return 0, float("nan")
-    w = torch.ones(len(kept), device=device) if weights is None else weights
-    if step is not None:
-        step.load(b)
-    losses = []
-    for _ in range(args.ppo_epochs):
-        perm = kept_idx[torch.randperm(len(kept_idx), generator=gen)].to(device)
-        for mb in perm.split(args.mini_batch_size):
-            if step is not None:
-                losses.append(step(mb, w[mb]))
-                continue
-            loss = (ppo_losses(policy, b, mb, args) * w[mb]).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            losses.append(loss.detach())
-    losses = torch.stack(losses).double().cpu().numpy()
-    if not np.isfinite(losses).all():
-        raise FloatingPointError(f"non-finite PPO loss at optimizer step "
-                                 f"{np.flatnonzero(~np.isfinite(losses))[0]} of {len(losses)}")
-    return len(losses), float(np.mean(losses))
-
-
-@torch.no_grad()
-def evaluate(policy, queries, tokenizer, clf, args, device):
-    """App. B.3: mean toxicity probability of sampled continuations of toxic test prompts (a fixed
-    seed, and the training generator left untouched)"""
-    model, tok, toxic = clf
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(args.seed + 10_000)
-        ids, attn, mask = generate(policy, queries, tokenizer, args, device)
-    texts = continuations(tokenizer, dict(ids=ids, mask=mask))
-    return classify(model, tok, texts, device).softmax(-1)[:, toxic].mean().item()
-
-
-# ---- The loop of Alg. 1 ----
-def main(args):
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)  # minibatch order and random filtering
-    device = torch.device(args.device)
-    # everything is loaded before the run folder is made: a name that fails leaves nothing behind
-    policy, ref, tokenizer = make_policy(args, device)
-    reward_fn = make_reward_fn(*load_classifier(
-        "--reward-model", args.reward_model, "--reward-label", args.reward_label, device), device)
-    train_prompts, val_prompts = load_prompts(args, tokenizer)
-    if args.eval_every:
-        eval_clf = load_classifier("--eval-reward-model", args.eval_reward_model,
-                                   "--eval-toxic-label", args.eval_toxic_label, device)
-        eval_prompts = load_eval_prompts(args, tokenizer)
-    n_rounds = args.rounds or len(train_prompts) // args.batch_size
-    optimizer = make_optimizer(policy, args, device)
-    step = CompiledStep(policy, optimizer, args, device) if args.compile else None
-    run = Run(args, n_rounds, policy, device)
-    kl_coef, order = args.init_kl_coef, []  # beta, and the prompts not yet drawn
-    try:
-        for k in range(n_rounds):
-            if len(order) < args.batch_size:  # one pass over the shuffled prompts, then another
-                order = order + torch.randperm(len(train_prompts), generator=gen).tolist()
-            queries = [train_prompts[i] for i in order[:args.batch_size]]
-            order = order[args.batch_size:]
-
-            # Stage I (Alg. 1): the buffer B(k) of episodes generated by the policy at theta(k)
-            b, (t_generate, t_forward) = rollout(policy, ref, queries, kl_coef, reward_fn,
-                                                 tokenizer, args, device)
-
-            # Stage II (Alg. 1): influence of every episode at theta(k) (Sec. 5.1, 5.3), then filter
-            t0 = timer(device)
-            scores = None
-            kept = torch.ones(args.batch_size, dtype=torch.bool)
-            if args.filter_method != "none":
-                t = b
-                if args.target_data == "validation":
-                    t = rollout(policy, ref, val_prompts, kl_coef, reward_fn, tokenizer, args,
-                                device)[0]
-                scores = influence(policy, b, t, args)
-                if not torch.isfinite(scores).all():
-                    fail(f"round {k}: non-finite influence scores; lower --learning-rate")
-                kept = filter_records(scores, args.filter_method, args.filter_p, gen)
-            t_influence = timer(device) - t0
-
-            # Stage III (Alg. 1): PPO on the kept episodes, then the adaptive KL step on all of B(k)
-            t0 = timer(device)
-            try:
-                n_updates, loss = ppo_update(policy, optimizer, b, kept, args, gen, step=step)
-            except FloatingPointError as e:
-                fail(f"round {k}: {e}; lower --learning-rate")
-            t_optim = timer(device) - t0
-            kl = b["kl"].mean().item()
-            row = dict(round=k, episodes=(k + 1) * args.batch_size,
-                       reward_mean=b["rewards"].mean().item(), reward_std=b["rewards"].std().item(),
-                       kl=kl, kl_coef=kl_coef, n_kept=int(kept.sum()),
-                       n_negative="" if scores is None else int((scores < 0).sum()),
-                       loss=loss, n_updates=n_updates, eval_toxicity="",
-                       t_generate=t_generate, t_forward=t_forward, t_influence=t_influence,
-                       t_optim=t_optim, t_eval=0.0)
-            kl_coef = update_kl_coef(kl_coef, kl, args.batch_size, args)
-
-            if args.eval_every and (k + 1) % args.eval_every == 0:  # test toxicity (App. B.3)
-                t0 = timer(device)
-                row["eval_toxicity"] = evaluate(policy, eval_prompts, tokenizer, eval_clf, args,
-                                                device)
-                row["t_eval"] = timer(device) - t0
-            run.end_round(row, b, queries, scores, kept, tokenizer)
-    finally:  # also on Ctrl-C (mid-round, the weights as they are then)
-        run.finish(policy, tokenizer)
-
-
-# =================================================================================================
-# Everything Alg. 1 needs stands above. Below, what a first reading may skip: the scoring's
-# helpers, the compiled step of --compile, loading the models and data with clear errors, the flag
-# checks and the run folder.
-# =================================================================================================
-
-
-# ---- Plumbing: the scoring's helpers (the same in grpo_iif.py) ----
-def batches(n, size):
-    return [torch.arange(i, min(i + size, n)) for i in range(0, n, size)]
-
-
-def up(x):
-    """x in float32 at least (bfloat16 activations under mixed precision)"""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
-
-
+# Sec. 5.1's ghost dot product (the same helpers in grpo_iif.py). A linear layer y = W x gets from
+# one episode the gradient sum_s dy_s x_s^T over its tokens s, so <G, grad_W l_i> =
+# sum_s dy_s^T G x_s: every episode's inner product with G = grad_W f comes from the layer's inputs
+# and output gradients, without forming its gradient.
 def trained_linears(model):
     """The nn.Linear layers whose weight trains (LoRA's A and B), or None where other parameters
     train too (a bias, embeddings, norms: the whole model)"""
@@ -600,92 +437,54 @@ def with_linear_io(layers, fn):
     return value, io
 
 
-def grad(y, io, retain=False):
+def grad(y, io):
     """d y / d (every layer's output)"""
-    return torch.autograd.grad(y, [out for _, out in io], retain_graph=retain,
-                               materialize_grads=True)
+    return torch.autograd.grad(y, [out for _, out in io], materialize_grads=True)
 
 
-def memory_for_grads(device):
-    """Bytes the one-pass influence may keep in per-record LoRA gradients: an eighth of the
-    device's memory (5.4 GB for 256 episodes of GPT-Neo-2.7B with rank-16 q/v adapters)"""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory // 8
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 8
+def influence(policy, b, tb, args):
+    """I_i = <grad f(theta(k)), -grad l_i(theta(k))> of every episode i of B(k), f measured on the
+    target episodes tb (Sec. 3.1, 5.1). With LoRA, by the ghost dot product: a pass over tb gives
+    G = grad_W f of every layer, a pass over B(k) every sum_s dy_s^T G x_s (row i of dy is l_i's
+    alone); otherwise by the definition. The value head takes no part (f does not reach it); the
+    value loss still counts through the LoRA layers it shares with the policy."""
+    layers = trained_linears(policy.lm)
+    if layers is None:
+        return influence_forward_mode(policy, b, tb, args)
+    G = [0.0] * len(layers)
+    for idx in batches(len(tb["ids"]), args.forward_batch_size):
+        f, io = with_linear_io(layers, lambda: target(policy, tb, idx, args))
+        G = [g + torch.einsum("...o,...i->oi", up(dy), up(x))  # sum over tokens of dy x^T
+             for g, (x, _), dy in zip(G, io, grad(f, io))]
+    scores = []
+    for idx in batches(len(b["ids"]), args.forward_batch_size):
+        out, io = with_linear_io(layers, lambda: policy(b["ids"][idx], b["attn"][idx],
+                                                        b["mask"].shape[1]))
+        dys = grad(ppo_losses(policy, b, idx, args, out=out).sum(), io)
+        scores.append(-sum(((up(dy) @ g) * up(x)).flatten(1).sum(1)
+                           for g, (x, _), dy in zip(G, io, dys)))
+    return torch.cat(scores)
 
 
-# ---- Plumbing: --compile, the optimizer step at static shapes (on CUDA one CUDA graph) ----
-class CompiledStep:
-    """ppo_update's step at static shapes, the same algorithm: the round's buffer in persistent
-    tensors, a minibatch an index copied into a fixed tensor (a short last one padded with weight-0
-    episodes), forward and loss under torch.compile. With graph (default on CUDA), after 3 warm-up
-    steps on a side stream, forward, loss, backward and Adam's step are captured as one CUDA graph
-    (PyTorch's whole-network capture), then replayed: no Python, no host sync in a step. New
-    shapes, or optimizer state loaded (--resume), warm up and capture again."""
-    KEYS = ("ids", "attn", "mask", "logprobs", "values", "advantages", "returns")
-
-    def __init__(self, policy, optimizer, args, device, graph=None):
-        self.policy, self.optimizer, self.args = policy, optimizer, args
-        self.cuda = device.type == "cuda" if graph is None else graph
-        self.warmup0 = 3 if self.cuda else 0
-        self.idx = torch.zeros(args.mini_batch_size, dtype=torch.long, device=device)
-        self.w = torch.zeros(args.mini_batch_size, device=device)
-        self.b = None
-        self.reset()
-        # loaded state replaces the tensors a captured graph reads and writes
-        optimizer.register_load_state_dict_post_hook(lambda _: self.reset())
-        self.loss = torch.compile(self.minibatch_loss, fullgraph=True, dynamic=False)
-
-    def reset(self):
-        self.graph, self.warmup = None, self.warmup0
-
-    def minibatch_loss(self):  # the weighted mean of the minibatch's l_i (its weights / n here)
-        return (ppo_losses(self.policy, self.b, self.idx, self.args) * self.w).sum()
-
-    def body(self):
-        """What a step runs, and a CUDA graph holds: loss, backward, Adam"""
-        loss = self.loss()
-        loss.backward()
-        self.optimizer.step()
-        return loss
-
-    def load(self, b):
-        """The round's buffer, copied into the tensors the step reads"""
-        if self.b is None or self.b["ids"].shape != b["ids"].shape:  # new shapes: warm up again
-            self.b = {k: b[k].clone() for k in self.KEYS}
-            self.reset()
-        for k in self.KEYS:
-            self.b[k].copy_(b[k])
-
-    def __call__(self, mb, w):
-        """A step on episodes mb with loss weights w; returns the loss (a device tensor)"""
-        n, pad = len(mb), len(self.idx) - len(mb)
-        self.idx.copy_(torch.cat([mb, mb[:1].expand(pad)]))
-        self.w.copy_(torch.cat([w, w.new_zeros(pad)]) / n)
-        if self.cuda and self.graph is None and self.warmup == 0:
-            self.capture()
-        if self.graph is not None:
-            self.graph.replay()
-            return self.out.detach().clone()  # the next replay overwrites self.out
-        stream = torch.cuda.Stream() if self.cuda else None
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # with None, no stream: a no-op
-            self.optimizer.zero_grad()
-            loss = self.body()
-        if stream is not None:
-            torch.cuda.current_stream().wait_stream(stream)
-        self.warmup -= 1
-        return loss.detach()
-
-    def capture(self):
-        self.optimizer.zero_grad(set_to_none=True)  # the gradients then live in the graph's memory
-        self.graph = torch.cuda.CUDAGraph()
-        # a recompile inside a capture would read the CUDA RNG state, which a capture forbids
-        with torch.compiler.set_stance("fail_on_recompile"), torch.cuda.graph(self.graph):
-            self.out = self.body()
+def filter_records(scores, method, p, gen):
+    """Stage II of Alg. 1: (kept mask on the scores' device, n_negative). 'influence' drops every
+    episode with influence <= 0 (p None, the released RLHF code), or the floor(p x n_negative)
+    most negative; episodes tied with the first one kept stay (iif.py's rule); 'random' drops as
+    many uniformly at random."""
+    kept = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
+    n_neg = int((scores < 0).sum())
+    # 1e-9: p x n_negative in floating point can fall just below a whole number (0.29 x 100)
+    n_drop = int((scores <= 0).sum()) if p is None else int(p * n_neg + 1e-9)
+    order = torch.argsort(scores, stable=True)
+    if n_drop < len(scores):
+        n_drop = int((scores < scores[order[n_drop]]).sum())
+    if method == "random":
+        order = torch.randperm(len(scores), generator=gen).to(scores.device)
+    kept[order[:n_drop]] = False
+    return kept, n_neg
 
 
+# ---- Stage III of Alg. 1: PPO on the kept episodes; and the test toxicity (App. B.3) ----
 def make_optimizer(policy, args, device):
     """Adam on what trains; on CUDA fused (one kernel for every tensor) and, with --compile,
     capturable (its step count on the device, as a CUDA graph needs; the rate, constant, a float)"""
@@ -695,23 +494,153 @@ def make_optimizer(policy, args, device):
                             capturable=cuda and args.compile)
 
 
-def static_cache(lm, length, device):
-    """--compile's generate() arguments: a static KV cache, decoded compiled on CUDA. GPT-Neo's
-    local attention reads its window from the cache's length: exact only while prompt +
-    continuation fit in it (256 tokens for gpt-neo-2.7B); past it, the dynamic cache."""
-    if "local" in getattr(lm.config, "attention_layers", []) and length > lm.config.window_size:
-        return {}
-    from transformers import CompileConfig
-    compiled = dict(compile_config=CompileConfig(fullgraph=True, dynamic=False))
-    return dict(cache_implementation="static", **compiled if device.type == "cuda" else {})
+def adam_step(policy, optimizer, args):
+    """The optimizer step of Stage III: step(b, mb, w) takes one Adam step on minibatch mb of b,
+    whose loss is the mean over its episodes of w_i x l_i, and returns that loss and the
+    minibatch's weighted DIAGNOSTICS, on the device. (--compile passes CompiledStep instead.)"""
+    def step(b, mb, w):
+        parts = {}
+        loss = (ppo_losses(policy, b, mb, args, parts=parts) * w).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return torch.stack([loss.detach()] + [(parts[k] * w).mean() for k in DIAGNOSTICS])
+    return step
 
 
+def ppo_update(step, b, kept, args, gen, weights=None):
+    """Stage III of Alg. 1: ppo_epochs passes over the kept episodes, reshuffled, mini_batch_size
+    at a time (a smaller last minibatch is kept), so a filtered round takes fewer optimizer steps.
+    weights: each episode's loss weight (default 1). Returns the steps taken and the means over
+    them of the loss and the DIAGNOSTICS, read once the round is done (each read is a host sync)."""
+    device = b["ids"].device
+    kept_idx = torch.nonzero(kept.cpu()).squeeze(1)
+    if len(kept_idx) == 0:  # nothing kept: no step
+        return 0, dict.fromkeys(("loss", *DIAGNOSTICS), float("nan"))
+    w = torch.ones(len(kept), device=device) if weights is None else weights
+    stats = []
+    for _ in range(args.ppo_epochs):
+        perm = kept_idx[torch.randperm(len(kept_idx), generator=gen)].to(device)
+        for mb in perm.split(args.mini_batch_size):
+            stats.append(step(b, mb, w[mb]))
+    stats = torch.stack(stats).double().cpu().numpy()
+    if not np.isfinite(stats[:, 0]).all():
+        raise FloatingPointError(f"non-finite PPO loss at optimizer step "
+                                 f"{np.flatnonzero(~np.isfinite(stats[:, 0]))[0]} of {len(stats)}")
+    return len(stats), dict(zip(("loss", *DIAGNOSTICS), stats.mean(0).tolist()))
+
+
+def explained_variance(b):
+    """1 - Var(R - V) / Var(R) over B(k)'s tokens at theta(k): how much of the returns the value
+    head explained before the update (CleanRL's, TRL's val/var_explained)"""
+    m = b["mask"] > 0
+    returns, values = b["returns"][m], b["values"][m]
+    return float(1 - (returns - values).var() / returns.var())
+
+
+@torch.no_grad()
+def evaluate(policy, queries, tokenizer, clf, args, device):
+    """App. B.3: mean toxicity probability of sampled continuations of toxic test prompts (a fixed
+    seed, and the training generator left untouched)"""
+    model, tok, toxic = clf
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(args.seed + 10_000)
+        texts = generate(policy, queries, tokenizer, args, device)["texts"]
+    return classify(model, tok, texts, device).softmax(-1)[:, toxic].mean().item()
+
+
+# ---- The loop of Alg. 1 ----
+def main(args):
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)  # minibatch order and random filtering
+    device = torch.device(args.device)
+    # everything is loaded before the run folder is made: a name that fails leaves nothing behind
+    policy, ref, tokenizer = make_policy(args, device)
+    reward_fn = make_reward_fn(*load_classifier(
+        "--reward-model", args.reward_model, "--reward-label", args.reward_label, device), device)
+    train_prompts, val_prompts = load_prompts(args, tokenizer)
+    if args.eval_every:
+        eval_clf = load_classifier("--eval-reward-model", args.eval_reward_model,
+                                   "--eval-toxic-label", args.eval_toxic_label, device)
+        eval_prompts = load_eval_prompts(args, tokenizer)
+    n_rounds = args.rounds or len(train_prompts) // args.batch_size
+    optimizer = make_optimizer(policy, args, device)
+    # Stage I's sampler and Stage III's optimizer step; --compile's run the same algorithm (below)
+    sample, step = generate, adam_step(policy, optimizer, args)
+    if args.compile:  # rlhf_compile.py, beside this file
+        from rlhf_compile import CompiledStep, compiled_sampler
+        sample, step = compiled_sampler(policy, args, device), CompiledStep(policy, optimizer, args,
+                                                                            device)
+    run = Run(args, n_rounds, policy, device)
+    kl_coef, order = args.init_kl_coef, []  # beta, and the prompts not yet drawn
+    try:
+        for k in range(n_rounds):
+            if len(order) < args.batch_size:  # one pass over the shuffled prompts, then another
+                order = order + torch.randperm(len(train_prompts), generator=gen).tolist()
+            queries = [train_prompts[i] for i in order[:args.batch_size]]
+            order = order[args.batch_size:]
+
+            # Stage I (Alg. 1): the buffer B(k) of episodes generated by the policy at theta(k)
+            t0 = timer(device)
+            b = sample(policy, queries, tokenizer, args, device)
+            b["rewards"] = reward_fn(b["texts"], queries)  # r(x, y), one number an episode
+            t1 = timer(device)
+            rollout(policy, ref, b, kl_coef, args)
+            t2 = timer(device)
+
+            # Stage II (Alg. 1): influence of every episode at theta(k) (Sec. 5.1, 5.3), then filter
+            scores, kept, n_negative = None, torch.ones(args.batch_size, dtype=torch.bool), ""
+            if args.filter_method != "none":
+                tb = b  # the target episodes: B(k), or the released code's fresh held-out ones
+                if args.target_data == "validation":
+                    tb = episodes(policy, ref, val_prompts, kl_coef, reward_fn, tokenizer, args,
+                                  device)
+                scores = influence(policy, b, tb, args)
+                if not torch.isfinite(scores).all():
+                    fail(f"round {k}: non-finite influence scores; lower --learning-rate")
+                kept, n_negative = filter_records(scores, args.filter_method, args.filter_p, gen)
+            t3 = timer(device)
+
+            # Stage III (Alg. 1): PPO on the kept episodes, then the adaptive KL step on all of B(k)
+            try:
+                n_updates, stats = ppo_update(step, b, kept, args, gen)
+            except FloatingPointError as e:
+                fail(f"round {k}: {e}; lower --learning-rate")
+            t4 = timer(device)
+            kl = b["kl"].mean().item()
+            row = dict(round=k, episodes=(k + 1) * args.batch_size,
+                       reward_mean=b["rewards"].mean().item(), reward_std=b["rewards"].std().item(),
+                       kl=kl, kl_coef=kl_coef, n_kept=int(kept.sum()), n_negative=n_negative,
+                       n_updates=n_updates, **stats, explained_var=explained_variance(b),
+                       eval_toxicity="", t_generate=t1 - t0, t_forward=t2 - t1,
+                       t_influence=t3 - t2, t_optim=t4 - t3, t_eval=0.0)
+            kl_coef = update_kl_coef(kl_coef, kl, args.batch_size, args)
+
+            if args.eval_every and (k + 1) % args.eval_every == 0:  # test toxicity (App. B.3)
+                t0 = timer(device)
+                row["eval_toxicity"] = evaluate(policy, eval_prompts, tokenizer, eval_clf, args,
+                                                device)
+                row["t_eval"] = timer(device) - t0
+            run.end_round(row, b, queries, scores, kept, tokenizer)
+    finally:  # also on Ctrl-C (mid-round, the weights as they are then)
+        run.finish(policy, tokenizer)
+
+
+# =================================================================================================
+# Everything Alg. 1 needs stands above. Below, what a first reading may skip: generation in
+# batches, loading the models and data with clear errors, the flag checks and the run folder.
+# =================================================================================================
+
+
+# ---- Plumbing: generation in batches that fit ----
 def generation_rows(lm, n, length, device):
     """Prompts per generate() call by default: all n, or on a GPU as many as half its free memory
     holds (a row's KV cache and activations, bounded in float32)"""
+    cfg = lm.config
     if device.type != "cuda":
         return n
-    cfg = lm.config
     row = 4 * length * cfg.hidden_size * (2 * cfg.num_hidden_layers + 8) + 8 * cfg.vocab_size
     return int(max(1, min(n, torch.cuda.mem_get_info(device)[0] // 2 // row)))
 
@@ -832,6 +761,8 @@ def resolve_args(args, resuming=False):
     for key in ("learning_rate", "kl_target", "cliprange", "cliprange_value"):
         if not getattr(args, key) > 0:
             fail(f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
+    if args.compile and importlib.util.find_spec("rlhf_compile") is None:
+        fail("--compile needs rlhf_compile.py beside rlhf_iif.py")
     args.run_name = args.run_name or f"rlhf__{args.filter_method}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.runs_dir, args.run_name)
     if os.path.exists(os.path.join(run_dir, "metrics.csv")) and not resuming:
@@ -841,13 +772,13 @@ def resolve_args(args, resuming=False):
 
 METRICS = ["round", "episodes", "reward_mean", "reward_std", "kl", "kl_coef", "n_kept",
            "n_negative", "loss", "n_updates", "eval_toxicity", "t_generate", "t_forward",
-           "t_influence", "t_optim", "t_eval"]
+           "t_influence", "t_optim", "t_eval", *DIAGNOSTICS, "explained_var"]
 
 
 class Run:
-    """<runs-dir>/<run-name>/: config.json, metrics.csv (a row per round) and episodes.jsonl (every
-    episode with its reward, influence and fate), flushed as written; at the end, the policy and
-    its value head."""
+    """<runs-dir>/<run-name>/: config.json, metrics.csv (a row per round), episodes.jsonl (every
+    episode, its reward, influence and fate; hence a class, which rlhf_variants.py reuses), flushed
+    as written; at the end, the policy and its value head."""
 
     def __init__(self, args, n_rounds, policy, device, columns=METRICS):
         self.args, self.n_rounds = args, n_rounds
@@ -866,8 +797,7 @@ class Run:
         self.episodes_file = open(os.path.join(self.dir, "episodes.jsonl"), "w")
 
     def end_round(self, row, b, queries, scores, kept, tokenizer, **fields):
-        """Write the round's row and its episodes (fields: more per-episode lists), and print its
-        line."""
+        """Write the round's row and episodes (fields: more per-episode lists); print its line"""
         k = row["round"]
         self.writer.writerow(row)
         self.metrics_file.flush()

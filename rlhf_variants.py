@@ -151,8 +151,7 @@ def evaluate_cot(policy, problems, tokenizer, args, device):
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed + 10_000)
         queries = [q for q, _ in problems]
-        ids, attn, mask = rlhf_iif.generate(policy, queries, tokenizer, args, device)
-    texts = rlhf_iif.continuations(tokenizer, dict(ids=ids, mask=mask))
+        texts = rlhf_iif.generate(policy, queries, tokenizer, args, device)["texts"]
     marks = [check(t, *operands(tokenizer, q)) for t, (q, _) in zip(texts, problems)]
     return np.mean([r for r, _ in marks]), unfaithful_share(marks)
 
@@ -201,7 +200,11 @@ def main(args):
         print(f"I-PPO: f_sft on {args.validation_size} reference answers of {len(references)}")
     n_rounds = args.rounds or len(train_prompts) // args.batch_size
     optimizer = rlhf_iif.make_optimizer(policy, args, device)
-    step = rlhf_iif.CompiledStep(policy, optimizer, args, device) if args.compile else None
+    sample, step = rlhf_iif.generate, rlhf_iif.adam_step(policy, optimizer, args)
+    if args.compile:  # rlhf_compile.py, as rlhf_iif.main
+        from rlhf_compile import CompiledStep, compiled_sampler
+        sample, step = compiled_sampler(policy, args, device), CompiledStep(policy, optimizer, args,
+                                                                            device)
     run_dir = os.path.join(args.runs_dir, args.run_name)
     start, kl_coef, order, old = 0, args.init_kl_coef, [], None
     if args.resume and os.path.exists(os.path.join(run_dir, "checkpoint.pt")):
@@ -218,8 +221,12 @@ def main(args):
             order = order[args.batch_size:]
 
             # Stage I (Alg. 1): the buffer B(k)
-            b, (t_generate, t_forward) = rlhf_iif.rollout(policy, ref, queries, kl_coef, reward_fn,
-                                                          tokenizer, args, device)
+            t0 = timer(device)
+            b = sample(policy, queries, tokenizer, args, device)
+            b["rewards"] = reward_fn(b["texts"], queries)
+            t1 = timer(device)
+            rlhf_iif.rollout(policy, ref, b, kl_coef, args)
+            t_generate, t_forward = t1 - t0, timer(device) - t1
             marks = ([check(t, *operands(tokenizer, q)) for t, q in zip(b["texts"], queries)]
                      if cot else None)
 
@@ -230,12 +237,12 @@ def main(args):
             if args.train and args.filter_method == "i-ppo":
                 scores, kept, weights = i_ppo(policy, b, t_sft, args)
             elif args.train and args.filter_method != "none":
-                t = b
+                tb = b
                 if args.target_data == "validation":
-                    t = rlhf_iif.rollout(policy, ref, val_prompts, kl_coef, reward_fn, tokenizer,
-                                         args, device)[0]
-                scores = rlhf_iif.influence(policy, b, t, args)
-                kept = rlhf_iif.filter_records(scores, args.filter_method, args.filter_p, gen)
+                    tb = rlhf_iif.episodes(policy, ref, val_prompts, kl_coef, reward_fn, tokenizer,
+                                           args, device)
+                scores = rlhf_iif.influence(policy, b, tb, args)
+                kept = rlhf_iif.filter_records(scores, args.filter_method, args.filter_p, gen)[0]
             kept = kept.to(device)
             if scores is not None and not torch.isfinite(scores).all():
                 fail(f"round {k}: non-finite influence scores; lower --learning-rate")
@@ -244,8 +251,7 @@ def main(args):
             # Stage III: PPO on the kept episodes, weighted (nothing kept: no step, the run goes on)
             t0 = timer(device)
             try:
-                n_updates, loss = rlhf_iif.ppo_update(policy, optimizer, b, kept, args, gen,
-                                                      weights, step)
+                n_updates, stats = rlhf_iif.ppo_update(step, b, kept, args, gen, weights)
             except FloatingPointError as e:
                 fail(f"round {k}: {e}; lower --learning-rate")
             t_optim = timer(device) - t0
@@ -254,7 +260,8 @@ def main(args):
             row = dict(round=k, episodes=(k + 1) * args.batch_size,
                        reward_mean=b["rewards"].mean().item(), reward_std=b["rewards"].std().item(),
                        kl=kl, kl_coef=kl_coef, n_kept=sum(kept_list),
-                       n_negative="" if scores is None else int((scores < 0).sum()), loss=loss,
+                       n_negative="" if scores is None else int((scores < 0).sum()), **stats,
+                       explained_var=rlhf_iif.explained_variance(b),
                        n_updates=n_updates, eval_toxicity="", t_generate=t_generate,
                        t_forward=t_forward, t_influence=t_influence, t_optim=t_optim, t_eval=0.0,
                        weight_max=weights[kept].max().item() if any(kept_list) else "",

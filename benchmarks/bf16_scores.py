@@ -71,7 +71,7 @@ def rlhf_rows(task, rounds, buffers, tmp):
         prompts = rlhf_iif.load_prompts(args64, tok)[0]
         for i in range(buffers):
             torch.manual_seed(100 + i)
-            b, _ = rlhf_iif.rollout(p64, ref, prompts[64 * i:64 * (i + 1)], 0.2, rm, tok, args64, torch.device("cpu"))
+            b = rlhf_iif.episodes(p64, ref, prompts[64 * i:64 * (i + 1)], 0.2, rm, tok, args64, torch.device("cpu"))
             out.append(("rlhf_iif.py", state, 64, *agreement(rlhf_iif.influence(p64, b, b, args64),
                                                             rlhf_iif.influence(p16, b, b, args16))))
     return out

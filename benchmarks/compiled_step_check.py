@@ -29,6 +29,7 @@ import torch
 import tyro
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import rlhf_compile  # noqa: E402
 import rlhf_iif  # noqa: E402
 from benchmarks.round_time import build, libraries  # noqa: E402
 
@@ -54,7 +55,7 @@ def setup(root, a, dtype):
     reward_fn = rlhf_iif.make_reward_fn(*rlhf_iif.load_classifier("--reward-model", args.reward_model,
                                                                   "--reward-label", "nothate", device), device)
     prompts = rlhf_iif.load_prompts(args, tok)[0][:a.episodes]
-    b = rlhf_iif.rollout(policy, ref, prompts, args.init_kl_coef, reward_fn, tok, args, device)[0]
+    b = rlhf_iif.episodes(policy, ref, prompts, args.init_kl_coef, reward_fn, tok, args, device)
     extra = args.prompt_max_tokens + args.gen_tokens - b["ids"].shape[1]  # left padding changes no loss (tests)
     b["ids"] = torch.cat([b["ids"].new_full((len(prompts), extra), tok.pad_token_id), b["ids"]], 1)
     b["attn"] = torch.cat([b["attn"].new_zeros((len(prompts), extra)), b["attn"]], 1)
@@ -67,14 +68,13 @@ def steps(policy, b, args, device, compiled, order, label):
     the trained weights after them and the compiled-graph counts after the first steps and at the end"""
     cuda = device.type == "cuda"
     optimizer = rlhf_iif.make_optimizer(policy, args, device)
-    step = rlhf_iif.CompiledStep(policy, optimizer, args, device) if compiled else None
+    step = (rlhf_compile.CompiledStep(policy, optimizer, args, device) if compiled
+            else rlhf_iif.adam_step(policy, optimizer, args))
     w = torch.ones(len(b["ids"]), device=device)
     losses, seconds, graphs = [], [], None
-    if step is not None:
-        step.load(b)
     for i, episode in enumerate(order):
         mb = episode.view(1)
-        settled = step is not None and (step.graph is not None if cuda else step.warmup < 0)
+        settled = compiled and (step.graph is not None if cuda else step.warmup < 0)
         if settled:  # compiled and, on CUDA, captured
             graphs = graphs if graphs is not None else unique_graphs()
             torch.compiler.set_stance("fail_on_recompile")
@@ -82,14 +82,7 @@ def steps(policy, b, args, device, compiled, order, label):
                 torch.cuda.set_sync_debug_mode("error")
         t0 = rlhf_iif.timer(device)
         try:
-            if step is not None:
-                loss = step(mb, w[mb])
-            else:
-                loss = rlhf_iif.ppo_losses(policy, b, mb, args).mean()
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
-                loss = loss.detach()
+            loss = step(b, mb, w[mb])[0]
         finally:
             if cuda:
                 torch.cuda.set_sync_debug_mode(0)

@@ -46,17 +46,15 @@ def rlhf_cases(task, two_passes):
     cpu = torch.device("cpu")
     rm = rlhf_iif.make_reward_fn(*rlhf_iif.load_classifier("--reward-model", args.reward_model, "--reward-label", "nothate",
                                                            cpu), cpu)
-    b, _ = rlhf_iif.rollout(policy, ref, rlhf_iif.load_prompts(args, tok)[0][:64], 0.2, rm, tok, args,
-                            torch.device("cpu"))
+    b = rlhf_iif.episodes(policy, ref, rlhf_iif.load_prompts(args, tok)[0][:64], 0.2, rm, tok, args,
+                          torch.device("cpu"))
     params = [p for p in policy.parameters() if p.requires_grad]
 
     def unit():
         for idx in rlhf_iif.batches(64, args.forward_batch_size):
             torch.autograd.grad(rlhf_iif.ppo_losses(policy, b, idx, args).sum(), params)
     return "rlhf_iif.py", args.forward_batch_size, unit, {
-        "activations, one pass (target on the buffer)": lambda: rlhf_iif.influence(policy, b, b, args),
-        "activations, two passes (validation target, or gradients too large to keep)":
-            lambda: two_passes(rlhf_iif, lambda: rlhf_iif.influence(policy, b, b, args)),
+        "activations, a target pass and a pass over the buffer": lambda: rlhf_iif.influence(policy, b, b, args),
         "forward mode (--no-lora's way; here on the LoRA weights)":
             lambda: rlhf_iif.influence_forward_mode(policy, b, b, args)}
 

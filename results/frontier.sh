@@ -3,27 +3,19 @@
 # 64 episodes, everything else as there) at a sweep of the KL penalty beta (--init-kl-coef), into
 # results/frontier/runs/ippo-<task>__<label>-b<beta>__<seed>/. The adaptive controller stays as ippo.sh has it:
 # its horizon of 10,000 episodes moves beta by at most 4 % over a run's 1,920 episodes, so each run's beta stays
-# within 4 % of the one it starts at, and the beta = 0.2 points are ippo.sh's runs in results/runs (linked).
-# Resumable, as ippo.sh. JOBS runs in parallel (default 2), a (task, beta) each.
+# within 4 % of the one it starts at. Every point runs on this machine's builds of the two toy tasks (a build on
+# another machine differs; ippo.sh's committed runs were made on another), whose summaries go to
+# results/frontier/builds.txt. Resumable, as ippo.sh. JOBS runs in parallel (default 2), a (task, beta) each.
 #   [BETAS_detox="..."] [BETAS_cot="..."] bash results/frontier.sh "1 2 3 4 5" "none influence i-ppo i-ppo-noreweight" "detox cot"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-"1 2 3 4 5"}; labels=${2:-"none influence i-ppo i-ppo-noreweight"}; tasks=${3:-"detox cot"}
 export BETAS_detox=${BETAS_detox:-"0.05 0.1 0.2 0.4 0.8 1.6"} BETAS_cot=${BETAS_cot:-"0.05 0.1 0.2 0.4 0.8"}
-runs=results/frontier/runs
-mkdir -p $runs
+mkdir -p results/frontier/runs
 jobs=()
 for task in $tasks; do
   betas=BETAS_$task
-  for beta in ${!betas}; do
-    if [ "$beta" = 0.2 ]; then  # ippo.sh's runs
-      for seed in $seeds; do for label in $labels; do
-        ln -sfn ../../runs/ippo-${task}__${label}__${seed} $runs/ippo-${task}__${label}-b0.2__${seed}
-      done; done
-    else
-      jobs+=("$task $beta")
-    fi
-  done
+  for beta in ${!betas}; do jobs+=("$task $beta"); done
 done
 run() {  # task beta: every seed and label, seed by seed
   BETA=$2 RUNS=results/frontier/runs TAG=-b$2 bash results/ippo.sh "$SEEDS" "$LABELS" "$1" \
@@ -31,4 +23,9 @@ run() {  # task beta: every seed and label, seed by seed
 }
 export -f run
 export SEEDS="$seeds" LABELS="$labels"
+# the tasks, built here unless they are (as ippo.sh builds them), and a record of what was built
+[ -f results/rlhf_toy_task/eval_reward/config.json ] || python benchmarks/rlhf_toy_task.py --out results/rlhf_toy_task
+[ -f results/cot_addition_task/policy/config.json ] || python benchmarks/cot_addition_task.py --out results/cot_addition_task
+{ sha256sum results/rlhf_toy_task/*/model.safetensors results/cot_addition_task/policy/model.safetensors
+  cat results/cot_addition_task/build.json; echo; } > results/frontier/builds.txt
 printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -L 1 bash -c 'run "$@"' _

@@ -103,7 +103,7 @@ if S="1 2 3 4 5" complete BipedalWalker-v3 500 influence none; then  # bash resu
   python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --label random --at -50 0 50 100 150 200 250 > $F/efficiency_random_bipedalwalker.md
   python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --rounds 250 > $F/efficiency_bipedalwalker_250.md  # the climb
   # how far a round moves the policy, IIF against standard PPO, on the Fig. 6(b) runs that log it
-  python analysis.py ablation --runs results --variants runs --env highway-v0 LunarLander-v3 BipedalWalker-v3 \
+  python analysis_variants.py ablation --runs results --variants runs --env highway-v0 LunarLander-v3 BipedalWalker-v3 \
     --complete highway-v0=100 LunarLander-v3=150 BipedalWalker-v3=500 > $F/kl_fig6b.md
   for n in 2 10; do  # read every 10th round, as the results/coarse runs were tested
     echo "tested every $n round(s):"; python analysis.py efficiency --runs results/runs --env BipedalWalker-v3 --tested-every $n | sed -n '5p;/record levels,/p'
@@ -147,45 +147,45 @@ for g in grpo-toy-mu4 grpo-toy-mu4-clock; do  # ITERS=4 bash results/grpo_toy.sh
 done
 # the counterfactual check (docs/counterfactual.md): needs the round files of these --save-rounds runs
 if [ -d $D/FrozenLake-v1__tracin__1/rounds ]; then
-  python analysis.py counterfactual --run $D/FrozenLake-v1__tracin__1 --rounds 0 4 8 12 16 --subsets 50 --episodes 1000 --out $F/counterfactual_frozenlake.png > $F/counterfactual_frozenlake.md
+  python analysis_variants.py counterfactual --run $D/FrozenLake-v1__tracin__1 --rounds 0 4 8 12 16 --subsets 50 --episodes 1000 --out $F/counterfactual_frozenlake.png > $F/counterfactual_frozenlake.md
 fi
 if [ -d results/runs/Acrobot-v1__none__1/rounds ]; then
-  python analysis.py counterfactual --run results/runs/Acrobot-v1__none__1 --rounds 0 5 10 20 40 --subsets 50 --episodes 100 --out $F/counterfactual_acrobot.png > $F/counterfactual_acrobot.md
+  python analysis_variants.py counterfactual --run results/runs/Acrobot-v1__none__1 --rounds 0 5 10 20 40 --subsets 50 --episodes 100 --out $F/counterfactual_acrobot.png > $F/counterfactual_acrobot.md
 fi
 if [ -d results/runs/MiniGrid-Empty-8x8-v0__none__1/rounds ]; then
-  python analysis.py counterfactual --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 0 10 20 25 35 --subsets 50 --out $F/counterfactual_minigrid.png > $F/counterfactual_minigrid.md
+  python analysis_variants.py counterfactual --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 0 10 20 25 35 --subsets 50 --out $F/counterfactual_minigrid.png > $F/counterfactual_minigrid.md
 fi
 # environments outside the paper (docs/results.md): the runs of results/generic.sh
 GE="CartPole-v1 Pendulum-v1 MiniGrid-DoorKey-5x5-v0 LunarLanderContinuous-v3"
 GC="CartPole-v1=30 Pendulum-v1=50 MiniGrid-DoorKey-5x5-v0=30 LunarLanderContinuous-v3=50"
 if [ -d results/generic/base ]; then
-  python analysis.py ablation --runs results/generic --variants base guard guard0.2 adam-precond target-normalized clip target-kl p0.125 no-log-std \
+  python analysis_variants.py ablation --runs results/generic --variants base guard guard0.2 adam-precond target-normalized clip target-kl p0.125 no-log-std \
     --env $GE --complete $GC > $F/generic_ablation.md
   for r in base guard; do
     python analysis.py curves --runs results/generic/$r --env $GE --labels influence none random --out $F/generic_$r.png > $F/generic_$r.txt
   done
 fi
 if [ -f results/generic/paper-guard/Acrobot-v1__influence__3/metrics.csv ]; then
-  python analysis.py ablation --runs results --variants runs generic/paper-guard --env Acrobot-v1 --complete Acrobot-v1=50 > $F/paper_guard.md
+  python analysis_variants.py ablation --runs results --variants runs generic/paper-guard --env Acrobot-v1 --complete Acrobot-v1=50 > $F/paper_guard.md
 fi
 if [ -d $D/BipedalWalker-v3__influence__1/rounds ]; then  # the log-std in and out of the score
-  python analysis.py rescore --run $D/BipedalWalker-v3__influence__1 --change no-score-log-std --every 5 > $F/rescore_bipedalwalker.md
+  python analysis_variants.py rescore --run $D/BipedalWalker-v3__influence__1 --change no-score-log-std --every 5 > $F/rescore_bipedalwalker.md
 fi
 if [ -d $D/MiniGrid-DoorKey-5x5-v0__influence__1/rounds ]; then
-  python analysis.py dropped --run $D/MiniGrid-DoorKey-5x5-v0__influence__1 > $F/dropped_doorkey.md
+  python analysis_variants.py dropped --run $D/MiniGrid-DoorKey-5x5-v0__influence__1 > $F/dropped_doorkey.md
 fi
 # how far an IIF round moves the records it trains on and those it drops; the runs:
 #   python iif.py --env-id ENV --save-rounds --total-timesteps 40960 --runs-dir results/diagnostics --run-name ENV__influence__1
 for env in FrozenLake-v1 Acrobot-v1; do
   if [ -d $D/${env}__influence__1/rounds ]; then
-    python analysis.py dropped --run $D/${env}__influence__1 > $F/dropped_$(echo ${env%%-*} | tr A-Z a-z).md
+    python analysis_variants.py dropped --run $D/${env}__influence__1 > $F/dropped_$(echo ${env%%-*} | tr A-Z a-z).md
   fi
 done
 V="first-release released-code no-clip keep-ties raw-target minibatch-norm policy-loss"  # bash results/ablation.sh
-python analysis.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 \
+python analysis_variants.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 \
   --complete FrozenLake-v1=50 Acrobot-v1=50 MiniGrid-Empty-8x8-v0=40 > $F/ablation.md
 # FrozenLake's recipes on the seeds 1-3 that every recipe has (first-release and released-code also have 4-6)
-python analysis.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 --seeds 1 2 3 \
+python analysis_variants.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 --seeds 1 2 3 \
   --complete FrozenLake-v1=50 > $F/ablation_frozenlake_seeds123.md
 # the two controls: standard PPO at IIF's step size (python results/step_control.py kl|pilot|control)
 # and the authors' released code (results/release/run_release.sh, then convert.py)

@@ -51,6 +51,7 @@ def flags(config, today, script):
 
 
 def compare(old, new):
+    new = [{k: r.get(k) for k in old[0]} for r in new] if old else new  # columns added since: not compared
     if old == new:
         return f"IDENTICAL ({len(new)} rounds)"
     diffs = []

@@ -80,10 +80,10 @@ def main():
 
     @patch(grpo_iif, "filter_records")
     def filter_and_save(inner, scores, *a):
-        kept = inner(scores, *a)
+        kept, n_negative = inner(scores, *a)
         if rank == 0 and not os.path.exists(os.path.join(out, "kept.pt")):
             torch.save(kept, os.path.join(out, "kept.pt"))
-        return kept
+        return kept, n_negative
 
     @patch(Trainer, "_clip_grad_norm")
     def save_grads_and_clip(inner, self, model):

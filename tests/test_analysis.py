@@ -18,6 +18,7 @@ import torch
 import tyro
 
 import analysis
+import analysis_variants
 import iif
 import iif_variants as variants
 
@@ -121,11 +122,12 @@ def test_spearman_with_ties():
 
 
 def sh(script, *argv):
-    """What `python analysis.py ...` or `python iif.py ...` prints, run in this process (it imports torch once)."""
+    """What `python analysis.py ...`, `python analysis_variants.py ...` or `python iif.py ...` prints, run in this
+    process (it imports torch once)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out), mock.patch.object(sys, "argv", [script, *argv]):
-        if script == "analysis.py":
-            analysis.main()
+        if script in ("analysis.py", "analysis_variants.py"):
+            (analysis if script == "analysis.py" else analysis_variants).main()
         else:
             iif.main(iif.resolve_args(tyro.cli(iif.Args, args=list(argv))))
     return out.getvalue()
@@ -211,11 +213,11 @@ def test_frozenlake_diagnostics_subcommands(frozenlake_runs, tmp_path):
     assert f"action [{other}] in state" in out
     with pytest.raises(SystemExit, match="--action 7: no record of round"):
         sh("analysis.py", "behavior-formation", "--run", saved, "--action", "7")
-    out = sh("analysis.py", "rescore", "--run", saved, "--change", "no-score-log-std")
+    out = sh("analysis_variants.py", "rescore", "--run", saved, "--change", "no-score-log-std")
     rows = re.findall(r"^\| \d+ \| (\S+) \| (\S+) \| (\d+) / (\d+) \| (\S+) \|$", out, re.M)
     assert len(rows) == 6 and all(float(r[0]) < 1e-5 for r in rows)  # the run's own scores, rescored
     assert all(r[1] == "1.000" and r[2] == r[3] for r in rows)  # no log-std in a discrete policy
-    out = sh("analysis.py", "rescore", "--run", saved, "--change", "target-adv-normalized")
+    out = sh("analysis_variants.py", "rescore", "--run", saved, "--change", "target-adv-normalized")
     assert "median over 6 rounds" in out
     out = sh("analysis.py", "intervention", "--run", saved, "--every", "2", "--episodes", "4",
              "--out", str(tmp_path / "i.png"))
@@ -224,13 +226,13 @@ def test_frozenlake_diagnostics_subcommands(frozenlake_runs, tmp_path):
 
 def test_episode_returns_by_hand():
     b = dict(rewards=torch.tensor([0.0, 0.0, 1.0, 0.0, 0.5, 0.0]), dones=torch.tensor([0.0, 0, 1, 0, 1, 0]))
-    np.testing.assert_array_equal(analysis.episode_returns(b), [1, 1, 1, 0.5, 0.5, np.nan])  # the last did not end
+    np.testing.assert_array_equal(analysis_variants.episode_returns(b), [1, 1, 1, 0.5, 0.5, np.nan])  # the last did not end
 
 
 def test_dropped_subcommand(tmp_path):
     saved = iif_run(tmp_path, "cp", "--env-id", "CartPole-v1", "--save-rounds", "--min-agreement", "-1",
                     "--total-timesteps", "512", *TINY)
-    out = sh("analysis.py", "dropped", "--run", saved)
+    out = sh("analysis_variants.py", "dropped", "--run", saved)
     rows = [line.split(" | ") for line in out.splitlines() if re.match(r"\| \d", line)]
     metrics = analysis.read_metrics(os.path.join(saved, "metrics.csv"))
     assert [int(r[6]) for r in rows] == [int(m["n_dropped"]) for m in metrics] and len(rows) == 2
@@ -261,7 +263,7 @@ def test_ablation_table_from_hand_made_runs(tmp_path):
     write("a", "none", 2, [0.1, 0.2])  # unfinished: skipped by --complete
     write("a", "influence", 2, [0.1, 0.2])
     write("b", "none", 1, [0.1, 0.3, 0.3, 0.9])  # recipe b has no IIF run
-    out = sh("analysis.py", "ablation", "--runs", str(tmp_path), "--variants", "a", "b", "--env", "E-v0",
+    out = sh("analysis_variants.py", "ablation", "--runs", str(tmp_path), "--variants", "a", "b", "--env", "E-v0",
              "--at-round", "2", "--complete", "E-v0=4")
     se_ave, se_peak, rt_peak = np.mean([0, 1 - 1 / 2, 1 - 2 / 4]), 1 - 2 / 4, 1 - 2 * 1.5 / 4
     # even levels .18, .26, ..., .9 (10 above the lowest, 0.1): standard after 2 rounds up to .3, then 4;
@@ -332,20 +334,20 @@ def tiny_round(lr=1e-4, n=256, seed=0):
 
 def test_lds_near_one_when_the_round_is_nearly_linear(one_thread):
     config, b = tiny_round()
-    out = analysis.counterfactual_round(config, b, 0, m=100, fraction=0.5)
+    out = analysis_variants.counterfactual_round(config, b, 0, m=100, fraction=0.5)
     assert out["lds"]["snapshot"] > 0.9, out["lds"]
     assert abs(out["lds"]["random"]) < 0.3, out["lds"]
     # first order: the round changes f by lr x epochs / minibatch x the summed scores of its records
-    scale = analysis.update_scale(config)
+    scale = analysis_variants.update_scale(config)
     assert out["f_full"] - out["f0"] == pytest.approx(scale * float(b["influence"].sum()), rel=0.05)
     # the group IIF drops, with one-record minibatches (so no remainder of the kept records is skipped), 2 epochs
     config = {**config, "minibatch_size": 1, "update_epochs": 2}
     full = torch.ones(len(b["influence"]), dtype=torch.bool)
-    f_full = analysis.f_return(analysis.retrain(config, b, full, 0), b, config)
-    g = analysis.group_check(config, b, 0, f_full)
-    predicted = -analysis.update_scale(config) * g["dropped_sum"]
+    f_full = analysis_variants.f_return(analysis.retrain(config, b, full, 0), b, config)
+    g = analysis_variants.group_check(config, b, 0, f_full)
+    predicted = -analysis_variants.update_scale(config) * g["dropped_sum"]
     assert g["n_dropped"] > 0 and g["actual"] == pytest.approx(predicted, rel=0.05)
-    assert analysis.update_scale({**config, "optimizer": "adam"}) is None
+    assert analysis_variants.update_scale({**config, "optimizer": "adam"}) is None
 
 
 def test_counterfactual_subcommand(frozenlake_runs, tmp_path):
@@ -356,7 +358,7 @@ def test_counterfactual_subcommand(frozenlake_runs, tmp_path):
         b = analysis.load_round(str(run), k)
         b["influence_tracin"] = -b["influence"]
         torch.save(b, run / "rounds" / f"round_{k:04d}.pt")
-    out = sh("analysis.py", "counterfactual", "--run", str(run), "--rounds", "1", "3", "--subsets", "6",
+    out = sh("analysis_variants.py", "counterfactual", "--run", str(run), "--rounds", "1", "3", "--subsets", "6",
              "--out", str(tmp_path / "cf.png"))
     lds = {(s, k): float(v) for s, k, v in re.findall(r"\| (\w+) \| (\d+|mean) \| ([+-]\d\.\d+) \|", out)}
     assert {s for s, _ in lds} == {"snapshot", "tracin", "random"} and len(lds) == 9
@@ -380,7 +382,7 @@ def test_sensitivity_picks_each_methods_best_rate_and_compares_them(tmp_path):
             f.write('{"num_rounds": 4}')
     for seed in (1, 2):  # seed 1 diverged before its first round ended: no folder
         (tmp_path / f"E__influence-lr10x__{seed}.err").write_text("error: round 0: non-finite PPO loss (nan)")
-    out = sh("analysis.py", "sensitivity", "--runs", str(tmp_path), "--env", "E", "--out", str(tmp_path / "s.png"))
+    out = sh("analysis_variants.py", "sensitivity", "--runs", str(tmp_path), "--env", "E", "--out", str(tmp_path / "s.png"))
     assert (tmp_path / "s.png").stat().st_size > 10_000
     lines = out.splitlines()
     assert any(re.match(r"\| E \| standard \| 3 \| 2 \| 2\.4 \[2\.2, 2\.5\] \| .* \| best \|$", line) for line in lines)

@@ -65,6 +65,7 @@ def test_every_preset_runs_two_rounds(tmp_path, env_id):
         assert int(r["n_dropped"]) == int(int(r["n_negative"]) * p)
         assert int(r["n_updates"]) == 2 * (int(r["n_kept"]) // 16) > 0
         assert float(r["kl"]) > 0 and float(r["t_optim"]) > 0  # the update moved the policy
+        assert all(r[k] != "" for k in (*iif.DIAGNOSTICS, "explained_var"))  # PPO's per-update numbers
     assert "round 1 [2/2]" in proc.stdout
 
 

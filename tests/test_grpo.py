@@ -71,6 +71,7 @@ def test_two_steps_end_to_end(runs, method):
     assert [r["round"] for r in rows] == ["0", "1"] and list(rows[0]) == grpo_iif.METRICS
     for r in rows:
         assert int(r["completions"]) == 8 and float(r["t_generate"]) > 0 and float(r["t_optim"]) > 0
+        assert r["loss"] != "" and r["entropy"] != "" and r["clip_frac"] != ""  # TRL's, per step
         if method == "none":
             assert int(r["n_kept"]) == 8 and r["n_negative"] == ""
         else:
@@ -165,14 +166,14 @@ def test_filter_takes_the_dropped_completions_out(toy, tmp_path, mini_batch):
 def test_filter_records():
     scores = torch.tensor([0.5, -1.0, 0.0, -2.0, 3.0, -1.0])
     gen = torch.Generator().manual_seed(0)
-    assert grpo_iif.filter_records(scores, "influence", None, gen).tolist() == [True, False, False, False, True,
+    assert grpo_iif.filter_records(scores, "influence", None, gen)[0].tolist() == [True, False, False, False, True,
                                                                                False]
     # p of the 3 negatives: floor(0.5 * 3) = 1, the most negative
-    assert grpo_iif.filter_records(scores, "influence", 0.5, gen).tolist() == [True, True, True, False, True, True]
-    assert int(grpo_iif.filter_records(scores, "random", None, gen).sum()) == 2
+    assert grpo_iif.filter_records(scores, "influence", 0.5, gen)[0].tolist() == [True, True, True, False, True, True]
+    assert int(grpo_iif.filter_records(scores, "random", None, gen)[0].sum()) == 2
     many = -torch.ones(100) - torch.arange(100) / 1000  # 100 negatives: p x 100 is 28.999.. in floating point
     for p in (0.29, 0.57, 0.58):
-        assert int((~grpo_iif.filter_records(many, "influence", p, gen)).sum()) == round(100 * p)
+        assert int((~grpo_iif.filter_records(many, "influence", p, gen)[0]).sum()) == round(100 * p)
 
 
 def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy, capsys):
@@ -341,7 +342,7 @@ def test_cuda_smoke(toy, tmp_path, method):
     assert trainer.accelerator.device.type == "cuda" and len(read_rows(tmp_path / "r")) == 2
     x = torch.tensor([0.5, -1.0, 0.0, -2.0], device="cuda")
     gen = torch.Generator().manual_seed(0)
-    assert grpo_iif.filter_records(x, method, None, gen).device.type == "cuda"
+    assert grpo_iif.filter_records(x, method, None, gen)[0].device.type == "cuda"
     import grpo_variants
     for kept in (grpo_variants.abs_advantage(x, 2, 1), grpo_variants.max_variance(x, 2, 1),
                  grpo_variants.zero_variance(x, 2)):

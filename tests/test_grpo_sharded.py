@@ -41,7 +41,7 @@ def test_two_processes_score_filter_and_step_as_one(toy, tmp_path, launch, extra
     torch.save({"batch": b, "rewards": trainer.rewards}, tmp_path / "batch.pt")
     model = trainer.accelerator.unwrap_model(trainer.model)
     scores = grpo_iif.influence_forward_mode(model, b, b, args)
-    kept = grpo_iif.filter_records(scores, "influence", None, None)
+    kept = grpo_iif.filter_records(scores, "influence", None, None)[0]
     assert 0 < kept.sum() < 8
     only_kept = grpo_iif.take_rows(b, kept.nonzero()[:, 0])
     only_kept["num_items_in_batch"] = only_kept["completion_mask"].sum()

@@ -213,6 +213,36 @@ def test_keep_ties_drops_only_records_strictly_below_the_cut():
         assert n_neg == 2 and kept.all()
 
 
+def test_ppo_diagnostics_are_cleanrls():
+    """Each record's policy and value loss, entropy, approx KL (r - 1) - log r and clipped-or-not, as CleanRL's
+    ppo.py computes them (it averages them over a minibatch), away from theta(k) so that ratios leave 1"""
+    agent, b = make_agent_and_buffer("mlp", n=40)
+    with torch.no_grad():
+        for p in agent.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    args, parts = SimpleNamespace(clip_coef=0.1, vf_coef=0.5, ent_coef=0.01), {}
+    iif.ppo_losses(agent, b, torch.arange(40), args, parts=parts)
+    logp, ent, v = agent(b["obs"], b["actions"])
+    logratio = (logp - b["logprobs"]).detach()
+    ratio, adv = logratio.exp(), b["advantages"]
+    expected = dict(pg_loss=torch.max(-adv * ratio, -adv * ratio.clamp(0.9, 1.1)), vf_loss=(v - b["returns"]) ** 2,
+                    entropy=ent, approx_kl=(ratio - 1) - logratio, clip_frac=((ratio - 1).abs() > 0.1).double())
+    for k, x in expected.items():
+        torch.testing.assert_close(parts[k].double(), x.detach().double(), msg=k)
+    assert 0 < float(parts["clip_frac"].mean()) < 1
+    b["values"] = b["returns"] - b["advantages"]  # V(s) at theta(k), as GAE leaves it
+    r, vals = b["returns"].numpy(), b["values"].numpy()
+    assert iif.explained_variance(b) == pytest.approx(1 - np.var(r - vals, ddof=1) / np.var(r, ddof=1))
+
+
+def test_a_zero_score_is_not_negative():
+    """n_negative counts the scores below 0; p = 1 drops those, and a record that scores exactly 0 stays"""
+    scores = torch.tensor([0.0, -1.0, 0.0, -2.0, 1.0])
+    for filter_records in (iif.filter_records, lambda *a: variants.filter_records(*a, ties="drop")):
+        kept, n_neg = filter_records(scores, "influence", 1.0, torch.Generator())
+        assert n_neg == 2 and kept.tolist() == [True, False, True, False, True]
+
+
 @pytest.mark.parametrize("p", [0.29, 0.57, 0.58])
 def test_floor_is_robust_to_float_rounding(p):
     """p x 100 negatives in floating point is 28.999.., 56.999.., 57.999..: the count must still be floor(100 p)"""
@@ -340,9 +370,9 @@ def test_minibatch_normalisation_after_filtering(monkeypatch):
     kept = torch.arange(40)[torch.arange(40) % 4 != 0]  # 30 kept: 3 minibatches of 8 per epoch
     seen, losses = [], iif.ppo_losses
 
-    def spy(agent, b, idx, args, params=None, adv=None, vf_coef=None):
+    def spy(agent, b, idx, args, params=None, adv=None, vf_coef=None, parts=None):
         seen.append((idx.clone(), adv.clone()))
-        return losses(agent, b, idx, args, params, adv, vf_coef)
+        return losses(agent, b, idx, args, params, adv, vf_coef, parts)
 
     monkeypatch.setattr(variants, "ppo_losses", spy)
     mb_args = SimpleNamespace(**{**vars(ARGS), "adv_norm": "minibatch"})
@@ -460,7 +490,7 @@ def test_iif_py_update_is_the_variants_update_with_the_released_choices():
     kept = torch.arange(40)[torch.arange(40) % 4 != 0]  # 30 kept: 3 minibatches of 8 and a remainder
     paper, variant = copy.deepcopy(agent), copy.deepcopy(agent)
     args = SimpleNamespace(**{**vars(ARGS), "adv_norm": "minibatch"})
-    n = iif.ppo_update(paper, torch.optim.SGD(paper.parameters(), lr=0.05), b, kept, args, np.random.default_rng(3))
+    n, _ = iif.ppo_update(paper, torch.optim.SGD(paper.parameters(), lr=0.05), b, kept, args, np.random.default_rng(3))
     m, _ = variants.ppo_update(variant, torch.optim.SGD(variant.parameters(), lr=0.05), b, kept, args,
                                np.random.default_rng(3))
     assert n == m == 2 * 3

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import tyro
@@ -45,7 +46,7 @@ def buffer(toy, *extra, dtype=torch.float64, kl_coef=0.05, perturb=False):
     cpu = torch.device("cpu")
     rm = rlhf_iif.make_reward_fn(*rlhf_iif.load_classifier("--reward-model", args.reward_model, "--reward-label", "nothate", cpu), cpu)
     train, _ = rlhf_iif.load_prompts(args, tok)
-    b, _ = rlhf_iif.rollout(policy, ref, train[:8], kl_coef, rm, tok, args, torch.device("cpu"))
+    b = rlhf_iif.episodes(policy, ref, train[:8], kl_coef, rm, tok, args, torch.device("cpu"))
     return args, policy, ref, b
 
 
@@ -60,6 +61,7 @@ def perturb_(policy):
 def test_two_rounds_end_to_end(tmp_path, toy, method):
     rows = run_main(tmp_path, toy, "--filter-method", method, "--rounds", "2")
     assert [r["round"] for r in rows] == ["0", "1"] and list(rows[0]) == rlhf_iif.METRICS
+    assert all(r[k] != "" for r in rows for k in (*rlhf_iif.DIAGNOSTICS, "explained_var"))  # PPO's
     for r in rows:
         kept = int(r["n_kept"])
         assert int(r["n_updates"]) == 2 * -(-kept // 2)  # 2 epochs of ceil(kept / 2) minibatches
@@ -157,10 +159,12 @@ def test_ppo_losses_are_trl_0_11_per_token_loss(toy):
     perturb_(policy)  # after the buffer: ratios away from 1
     args.cliprange, args.cliprange_value, args.vf_coef = 0.2, 0.05, 0.3
     logp, v = policy(b["ids"], b["attn"], 6)
-    losses = rlhf_iif.ppo_losses(policy, b, torch.arange(8), args)
+    parts = {}
+    losses = rlhf_iif.ppo_losses(policy, b, torch.arange(8), args, parts=parts)
     clipped = {"ratio": 0, "value": 0}
     for i in range(8):
         pg, vf, n = 0.0, 0.0, int(b["mask"][i].sum())
+        diag = dict.fromkeys(rlhf_iif.DIAGNOSTICS, 0.0)
         for t in range(n):
             r, a = math.exp(logp[i, t] - b["logprobs"][i, t]), float(b["advantages"][i, t])
             pg += max(-a * r, -a * min(max(r, 0.8), 1.2))
@@ -169,8 +173,22 @@ def test_ppo_losses_are_trl_0_11_per_token_loss(toy):
             vf += 0.5 * max((float(v[i, t]) - ret) ** 2, (v_clip - ret) ** 2)
             clipped["ratio"] += abs(r - 1) > 0.2 and max(-a * r, -a * min(max(r, 0.8), 1.2)) != -a * r
             clipped["value"] += v_clip != float(v[i, t]) and (v_clip - ret) ** 2 > (float(v[i, t]) - ret) ** 2
+            diag["pg_loss"] += max(-a * r, -a * min(max(r, 0.8), 1.2)) / n
+            diag["vf_loss"] += 0.5 * max((float(v[i, t]) - ret) ** 2, (v_clip - ret) ** 2) / n
+            diag["approx_kl"] += (r - 1 - math.log(r)) / n  # CleanRL's, TRL's policy/approxkl
+            diag["clip_frac"] += (-a * min(max(r, 0.8), 1.2) > -a * r) / n  # TRL's policy/clipfrac
+            diag["vf_clip_frac"] += ((v_clip - ret) ** 2 > (float(v[i, t]) - ret) ** 2) / n  # val/clipfrac
         assert float(losses[i]) == pytest.approx(pg / n + 0.3 * vf / n, rel=1e-9, abs=1e-12)
+        for k, x in diag.items():
+            assert float(parts[k][i]) == pytest.approx(x, rel=1e-6, abs=1e-9), k  # fractions in float32
     assert clipped["ratio"] > 0 and clipped["value"] > 0, clipped
+
+
+def test_explained_variance_of_the_buffers_tokens(toy):
+    args, policy, ref, b = buffer(toy)
+    m = b["mask"] > 0
+    r, v = b["returns"][m].numpy(), b["values"][m].numpy()
+    assert rlhf_iif.explained_variance(b) == pytest.approx(1 - np.var(r - v, ddof=1) / np.var(r, ddof=1))
 
 
 def test_whiten_is_trls_masked_whitening(toy):
@@ -197,7 +215,8 @@ def test_minibatches_are_reshuffled_every_epoch_from_the_generator(toy, monkeypa
         return real(policy, b, idx, args, **kw)
     monkeypatch.setattr(rlhf_iif, "ppo_losses", record)
     optimizer = rlhf_iif.make_optimizer(policy, args, torch.device("cpu"))
-    n, _ = rlhf_iif.ppo_update(policy, optimizer, b, kept, args, torch.Generator().manual_seed(5))
+    n, _ = rlhf_iif.ppo_update(rlhf_iif.adam_step(policy, optimizer, args), b, kept, args,
+                               torch.Generator().manual_seed(5))
     gen, kept_idx, expected = torch.Generator().manual_seed(5), torch.tensor([0, 1, 3, 4, 5, 7]), []
     for _ in range(3):
         expected += [mb.tolist() for mb in kept_idx[torch.randperm(6, generator=gen)].split(3)]
@@ -232,20 +251,28 @@ def test_rewards_are_kl_shaped_with_the_score_at_the_last_token(toy):
     assert (b["kl"].abs() > 1e-3).all()
     assert torch.allclose(b["returns"][:, 0], b["rewards"] - 0.5 * b["kl"])
     assert (b["mask"][:, 0] == 1).all() and b["advantages"][b["mask"] > 0].mean().abs() < 1e-6  # whitened
+    # KL(pi || pi_ref) of the sampled tokens: log pi - log pi_ref, each token's own
+    T = b["mask"].shape[1]
+    kl = (policy(b["ids"], b["attn"], T)[0] - rlhf_iif.ref_logprobs(policy, ref, b["ids"], b["attn"], T)).detach()
+    assert torch.allclose(b["kl"], (kl * b["mask"]).sum(1))
+    # the score sits at the last real token: with V = 0 past the end, that token's return is its own reward
+    last, i = b["mask"].sum(1).long() - 1, torch.arange(8)
+    assert torch.allclose(b["returns"][i, last], b["rewards"] - 0.5 * kl[i, last])
 
 
 def test_filter_records():
     scores = torch.tensor([0.5, -1.0, 0.0, -2.0, 3.0, -1.0])
     gen = torch.Generator().manual_seed(0)
-    assert rlhf_iif.filter_records(scores, "influence", None, gen).tolist() == [True, False, False, False, True, False]
-    # p of the 3 negatives: floor(0.5 * 3) = 1, the most negative
-    assert rlhf_iif.filter_records(scores, "influence", 0.5, gen).tolist() == [True, True, True, False, True, True]
-    # ties: buffer order, the first -1.0 goes first
-    assert rlhf_iif.filter_records(scores, "influence", 0.67, gen).tolist() == [True, False, True, False, True, True]
-    assert int(rlhf_iif.filter_records(scores, "random", None, gen).sum()) == 2
+    kept, n_neg = rlhf_iif.filter_records(scores, "influence", None, gen)
+    assert kept.tolist() == [True, False, False, False, True, False] and n_neg == 3
+    # p of the 3 negatives: floor(0.5 x 3) = 1, the most negative
+    assert rlhf_iif.filter_records(scores, "influence", 0.5, gen)[0].tolist() == [True, True, True, False, True, True]
+    # floor(0.67 x 3) = 2, but the cut falls between the two -1.0: episodes tied with the first one kept stay
+    assert rlhf_iif.filter_records(scores, "influence", 0.67, gen)[0].tolist() == [True, True, True, False, True, True]
+    assert int(rlhf_iif.filter_records(scores, "random", None, gen)[0].sum()) == 2
     many = -torch.ones(100) - torch.arange(100) / 1000  # 100 negatives: p x 100 is 28.999.. in floating point
     for p in (0.29, 0.57, 0.58):
-        assert int((~rlhf_iif.filter_records(many, "influence", p, gen)).sum()) == round(100 * p)
+        assert int((~rlhf_iif.filter_records(many, "influence", p, gen)[0]).sum()) == round(100 * p)
 
 
 def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy):
@@ -304,22 +331,21 @@ def test_a_continuation_ends_at_its_first_eos(toy):
     eos, a, c = tok.eos_token_id, tok("a")["input_ids"][0], tok("c")["input_ids"][0]
     sampled = torch.tensor([[a, eos, c, eos, c, c], [a, a, a, a, a, a], [eos, c, c, c, c, c]])
     policy.lm.generate = lambda input_ids, **kw: torch.cat([input_ids, sampled[:len(input_ids)]], 1)
-    ids, attn, mask = rlhf_iif.generate(policy, [[a, a], [a, a, a], [c]], tok, args, torch.device("cpu"))
+    out = rlhf_iif.generate(policy, [[a, a], [a, a, a], [c]], tok, args, torch.device("cpu"))
+    mask, attn = out["mask"], out["attn"]
     assert mask.tolist() == [[1, 1, 0, 0, 0, 0], [1] * 6, [1, 0, 0, 0, 0, 0]]  # the EOS itself is kept
     assert attn[:, :3].tolist() == [[0, 1, 1], [1, 1, 1], [0, 0, 1]] and (attn[:, 3:] == mask).all()
-    assert rlhf_iif.continuations(tok, dict(ids=ids, mask=mask)) == ["a", "aaaaaa", ""]
+    assert out["texts"] == ["a", "aaaaaa", ""]
 
 
-def test_influence_passes_agree(toy, monkeypatch):
-    """The LoRA scores from activations, in one pass (gradients kept) or two (a target pass first: a validation
-    target, here a copy of the buffer, or gradients too large to keep), equal the forward-mode scores, in float64
-    and away from theta(k)"""
+def test_ghost_dot_product_equals_the_forward_mode_definition(toy):
+    """The LoRA scores from activations (a target pass, then a pass over B(k)), with the target on B(k) or on
+    other episodes (here a copy of the buffer), equal the forward-mode scores, in float64 and away from
+    theta(k)"""
     args, policy, ref, b = buffer(toy, perturb=True)
     forward_mode = rlhf_iif.influence_forward_mode(policy, b, b, args)
     assert (forward_mode.abs() > 1e-8).all()
-    one_pass, validation = rlhf_iif.influence(policy, b, b, args), rlhf_iif.influence(policy, b, dict(b), args)
-    monkeypatch.setattr(rlhf_iif, "memory_for_grads", lambda device: 0)
-    for scores in (one_pass, validation, rlhf_iif.influence(policy, b, b, args)):
+    for scores in (rlhf_iif.influence(policy, b, b, args), rlhf_iif.influence(policy, b, dict(b), args)):
         assert torch.allclose(scores, forward_mode, rtol=1e-9, atol=1e-14), (scores, forward_mode)
 
 
@@ -350,8 +376,8 @@ def test_bfloat16_scores_track_float64(toy):
             cpu = torch.device("cpu")
             rm = rlhf_iif.make_reward_fn(*rlhf_iif.load_classifier("--reward-model", args.reward_model,
                                                                    "--reward-label", "nothate", cpu), cpu)
-            b, _ = rlhf_iif.rollout(policy, ref, rlhf_iif.load_prompts(args, tok)[0][:32], 0.05, rm, tok, args,
-                                    torch.device("cpu"))
+            b = rlhf_iif.episodes(policy, ref, rlhf_iif.load_prompts(args, tok)[0][:32], 0.05, rm, tok, args,
+                                  torch.device("cpu"))
         else:
             assert {p.dtype for p in policy.lm.parameters() if not p.requires_grad} == {torch.bfloat16}
             assert {p.dtype for p in policy.parameters() if p.requires_grad} == {torch.float32}
@@ -381,7 +407,7 @@ def test_cuda_smoke(tmp_path, toy, method):
     assert len(rows) == 2 and int(rows[1]["n_kept"]) < 8
     assert json.load(open(tmp_path / "r" / "config.json"))["dtype"] == "bfloat16"
     scores = torch.tensor([0.5, -1.0, 0.0, -2.0], device="cuda")
-    assert rlhf_iif.filter_records(scores, method, None, torch.Generator().manual_seed(0)).device.type == "cuda"
+    assert rlhf_iif.filter_records(scores, method, None, torch.Generator().manual_seed(0))[0].device.type == "cuda"
 
 
 def test_the_llm_scripts_share_their_helpers_word_for_word():
@@ -390,8 +416,7 @@ def test_the_llm_scripts_share_their_helpers_word_for_word():
     import ast
     import inspect
     import grpo_iif
-    for name in ("batches", "up", "trained_linears", "with_linear_io", "grad", "memory_for_grads", "fail", "load",
-                 "load_rows"):
+    for name in ("batches", "up", "trained_linears", "with_linear_io", "fail", "load", "load_rows"):
         assert inspect.getsource(getattr(rlhf_iif, name)) == inspect.getsource(getattr(grpo_iif, name)), name
 
     def code(fn):  # the function without its docstring, which names the record (episode, completion)

@@ -12,11 +12,19 @@ import pytest
 import torch
 import tyro
 
+import rlhf_compile
 import rlhf_iif
 from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_lm
 from test_rlhf import ROOT, flags, perturb_, run_main
 
 CPU = torch.device("cpu")
+
+
+def budget_buffer(policy, ref, prompts, reward_fn, tok, args):
+    """Stage I as rlhf_iif.main runs it under --compile: rows as wide as the prompt budget"""
+    b = rlhf_compile.compiled_sampler(policy, args, CPU)(policy, prompts, tok, args, CPU)
+    b["rewards"] = reward_fn(b["texts"], prompts)
+    return rlhf_iif.rollout(policy, ref, b, 0.05, args)
 
 
 def setup(toy, *extra):
@@ -36,7 +44,7 @@ def eager_and_compiled(toy):
     weights, and runs with recompiling forbidden"""
     args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile")
     torch.manual_seed(1)
-    buffers = [rlhf_iif.rollout(policy, ref, prompts[8 * i:8 * i + 8], 0.05, reward_fn, tok, args, CPU)[0]
+    buffers = [budget_buffer(policy, ref, prompts[8 * i:8 * i + 8], reward_fn, tok, args)
                for i in range(2)]
     state = copy.deepcopy(policy.state_dict())
     kept = torch.tensor([1, 1, 1, 1, 1, 1, 0, 1], dtype=torch.bool)
@@ -45,12 +53,13 @@ def eager_and_compiled(toy):
     for mode in ("eager", "compiled"):
         policy.load_state_dict(state)
         optimizer = rlhf_iif.make_optimizer(policy, args, CPU)
-        step = rlhf_iif.CompiledStep(policy, optimizer, args, CPU) if mode == "compiled" else None
+        step = (rlhf_compile.CompiledStep(policy, optimizer, args, CPU) if mode == "compiled"
+                else rlhf_iif.adam_step(policy, optimizer, args))
         gen = torch.Generator().manual_seed(0)
-        rounds = [rlhf_iif.ppo_update(policy, optimizer, buffers[0], kept, args, gen, step=step)]
+        rounds = [rlhf_iif.ppo_update(step, buffers[0], kept, args, gen)]
         torch.compiler.set_stance("fail_on_recompile")
         try:
-            rounds.append(rlhf_iif.ppo_update(policy, optimizer, buffers[1], kept, args, gen, weights, step))
+            rounds.append(rlhf_iif.ppo_update(step, buffers[1], kept, args, gen, weights))
         finally:
             torch.compiler.set_stance("default")
         out[mode] = rounds, {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
@@ -60,10 +69,11 @@ def eager_and_compiled(toy):
 def test_compiled_step_matches_eager(eager_and_compiled):
     (eager, p_eager), (compiled, p_compiled) = eager_and_compiled[0]["eager"], eager_and_compiled[0]["compiled"]
     assert [n for n, _ in eager] == [n for n, _ in compiled] == [6, 6]  # 2 epochs of ceil(7 / 3) steps
-    losses = [abs(a - b) for (_, a), (_, b) in zip(eager, compiled)]
+    losses = [abs(a[k] - b[k]) for (_, a), (_, b) in zip(eager, compiled) for k in a]  # loss and diagnostics
     params = max((p_eager[n] - p_compiled[n]).abs().max().item() for n in p_eager)
     moved = min((p_eager[n] - eager_and_compiled[2][n]).abs().max().item() for n in p_eager)
-    print(f"compiled against eager, float32, 12 Adam steps: mean losses {losses}, parameters {params:.1e} "
+    print(f"compiled against eager, float32, 12 Adam steps: mean losses and diagnostics {max(losses):.1e}, "
+          f"parameters {params:.1e} "
           f"(each parameter tensor moved at least {moved:.1e})")
     assert max(losses) <= 1e-6 and params <= 1e-6 and moved > 1e-3
 
@@ -81,7 +91,7 @@ def test_padding_to_the_budget_changes_no_loss_or_score(toy):
     longest prompt equal those of the same buffer padded further (as --compile pads every buffer)"""
     args, policy, ref, tok, reward_fn, prompts = setup(toy)
     policy.to(torch.float64)
-    b = rlhf_iif.rollout(policy, ref, prompts[:8], 0.05, reward_fn, tok, args, CPU)[0]
+    b = rlhf_iif.episodes(policy, ref, prompts[:8], 0.05, reward_fn, tok, args, CPU)
     perturb_(policy)
     wide = dict(b)
     extra = torch.full((8, 7), tok.pad_token_id)
@@ -109,13 +119,14 @@ def test_static_cache_samples_what_the_dynamic_cache_samples(arch):
     queries = [list(range(40, 40 + n)) for n in (5, 12, 9, 12)]
     window = getattr(lm.config, "window_size", None)
     if window:
-        assert rlhf_iif.static_cache(lm, window + 1, CPU) == {}
-    assert rlhf_iif.static_cache(lm, 12 + 20, CPU) == {"cache_implementation": "static"}
+            assert rlhf_compile.static_cache(lm, window + 1, CPU) == {}
+    assert rlhf_compile.static_cache(lm, 12 + 20, CPU) == {"cache_implementation": "static"}
+    args.prompt_max_tokens = 12
     out = []
-    for P in (None, 12):  # a fixed width: the static cache
+    for sample in (rlhf_iif.generate, rlhf_compile.compiled_sampler(policy, args, CPU)):  # a static cache
         torch.manual_seed(3)
-        out.append(rlhf_iif.generate(policy, queries, tok, args, CPU, P=P))
-    assert all(torch.equal(a, b) for a, b in zip(*out))
+        out.append(sample(policy, queries, tok, args, CPU))
+    assert all(torch.equal(out[0][k], out[1][k]) for k in ("ids", "attn", "mask")) and out[0]["texts"] == out[1]["texts"]
 
 
 def test_non_finite_loss_stops_the_run_before_anything_non_finite_is_written(tmp_path, toy):
@@ -146,8 +157,7 @@ def eager_steps(policy, optimizer, b, mbs, args):
 
 
 def compiled_steps(step, b, mbs):
-    step.load(b)
-    return [step(mb, torch.ones(len(mb))).item() for mb in mbs]
+    return [step(b, mb, torch.ones(len(mb)))[0].item() for mb in mbs]
 
 
 class FakeCuda:
@@ -208,9 +218,9 @@ def test_cuda_graph_path_warms_up_captures_and_replays_as_eager_steps(toy, monke
     loaded optimizer state warm up and capture again; every loss and weight as the eager steps give them"""
     args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile")
     torch.manual_seed(1)
-    bs = [rlhf_iif.rollout(policy, ref, prompts[8 * i:8 * i + 8], 0.05, reward_fn, tok, args, CPU)[0]
+    bs = [budget_buffer(policy, ref, prompts[8 * i:8 * i + 8], reward_fn, tok, args)
           for i in range(2)]
-    bs.append(rlhf_iif.rollout(policy, ref, prompts[16:22], 0.05, reward_fn, tok, args, CPU)[0])  # 6 episodes
+    bs.append(budget_buffer(policy, ref, prompts[16:22], reward_fn, tok, args))  # 6 episodes
     mbs = [torch.tensor(m) for m in ([0, 1, 2], [3, 4, 5], [6, 7, 0], [1, 2, 3], [4, 5, 6])]
     plan = [(0, mbs), (1, mbs[:2]), ("load", None), (1, mbs), (2, [torch.tensor([0, 1, 2]), torch.tensor([5])] * 3)]
     state = copy.deepcopy(policy.state_dict())
@@ -223,7 +233,7 @@ def test_cuda_graph_path_warms_up_captures_and_replays_as_eager_steps(toy, monke
             for name in ("Stream", "current_stream", "stream", "CUDAGraph", "graph"):
                 monkeypatch.setattr(torch.cuda, name, getattr(fake, name))
             monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)
-            fake.step = rlhf_iif.CompiledStep(policy, optimizer, args, CPU, graph=True)
+            fake.step = rlhf_compile.CompiledStep(policy, optimizer, args, CPU, graph=True)
         losses, events = [], []
         for i, mb in plan:
             if i == "load":
@@ -283,12 +293,11 @@ def test_compiled_step_reads_no_value_on_the_host(toy, monkeypatch):
     backward hold no operation that reads a value (.item(), nonzero, a tensor's truth); fullgraph=True forbids a
     graph break, so nothing else runs between them. (Eagerly, transformers' mask code does read one.)"""
     args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile")
-    b = rlhf_iif.rollout(policy, ref, prompts[:8], 0.05, reward_fn, tok, args, CPU)[0]
+    b = budget_buffer(policy, ref, prompts[:8], reward_fn, tok, args)
     graphs = []
     monkeypatch.setattr(torch, "compile", recording_compile(graphs))
-    step = rlhf_iif.CompiledStep(policy, rlhf_iif.make_optimizer(policy, args, CPU), args, CPU)
-    step.load(b)
-    step(torch.tensor([2, 5]), torch.ones(2))
+    step = rlhf_compile.CompiledStep(policy, rlhf_iif.make_optimizer(policy, args, CPU), args, CPU)
+    step(b, torch.tensor([2, 5]), torch.ones(2))
     assert len(graphs) == 2 and len(ops(graphs)) > 20  # forward and backward
     assert not ops(graphs) & SYNCS
     monkeypatch.setattr(torch._dynamo.config, "capture_dynamic_output_shape_ops", True)
@@ -301,7 +310,7 @@ def test_compiled_step_reads_no_value_on_the_host(toy, monkeypatch):
 def test_compiled_and_eager_bfloat16_steps_agree_within_bfloat16_rounding(toy):
     """--dtype bfloat16 compiled on the CPU: fused kernels round differently, so the check is a tolerance"""
     args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile", "--dtype", "bfloat16")
-    b = rlhf_iif.rollout(policy, ref, prompts[:8], 0.05, reward_fn, tok, args, CPU)[0]
+    b = budget_buffer(policy, ref, prompts[:8], reward_fn, tok, args)
     mbs = [torch.tensor(m) for m in ([0, 1, 2], [3, 4, 5], [6, 7, 0], [1, 2, 3])]
     state, losses = trained(policy), {}
     for mode in ("eager", "compiled"):
@@ -310,7 +319,7 @@ def test_compiled_and_eager_bfloat16_steps_agree_within_bfloat16_rounding(toy):
                 if p.requires_grad:
                     p.copy_(state[n])
         optimizer = rlhf_iif.make_optimizer(policy, args, CPU)
-        losses[mode] = (compiled_steps(rlhf_iif.CompiledStep(policy, optimizer, args, CPU), b, mbs)
+        losses[mode] = (compiled_steps(rlhf_compile.CompiledStep(policy, optimizer, args, CPU), b, mbs)
                         if mode == "compiled" else eager_steps(policy, optimizer, b, mbs, args))
     diff = max(abs(a - c) for a, c in zip(losses["eager"], losses["compiled"]))
     print(f"bfloat16 losses {losses}, largest difference {diff:.1e}")
@@ -322,16 +331,17 @@ def test_static_cache_decoding_compiles_once_for_two_rounds(toy, monkeypatch):
     of the same shapes compiles no new graph"""
     from torch._dynamo.utils import counters
     args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile")
-    real = rlhf_iif.static_cache
+    real = rlhf_compile.static_cache
 
     def on_this_cpu(lm, length, device):  # what static_cache gives a CUDA device, allowed on the CPU
         kw = real(lm, length, torch.device("cuda"))
         kw["compile_config"]._compile_all_devices = True
         return kw
-    monkeypatch.setattr(rlhf_iif, "static_cache", on_this_cpu)
+    monkeypatch.setattr(rlhf_compile, "static_cache", on_this_cpu)
+    sample = rlhf_compile.compiled_sampler(policy, args, CPU)
     graphs = [counters["stats"]["unique_graphs"]]
-    for i in range(2):
-        rlhf_iif.generate(policy, prompts[4 * i:4 * i + 4], tok, args, CPU, P=args.prompt_max_tokens)
+    for i in range(2):  # prompts of other lengths, rows as wide as the budget
+        sample(policy, prompts[4 * i:4 * i + 4], tok, args, CPU)
         graphs.append(counters["stats"]["unique_graphs"])
     assert graphs[1] > graphs[0] and graphs[2] == graphs[1], graphs
 

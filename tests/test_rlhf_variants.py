@@ -95,8 +95,8 @@ def test_i_ppo_score_is_the_influence_on_the_reference_log_likelihood(toy):
     policy, ref, tok = rlhf_iif.make_policy(args, CPU)
     policy.to(torch.float64)
     clf = rlhf_iif.load_classifier("--reward-model", args.reward_model, "--reward-label", "nothate", CPU)
-    b = rlhf_iif.rollout(policy, ref, rlhf_iif.load_prompts(args, tok)[0][:8], 0.05, rlhf_iif.make_reward_fn(*clf, CPU),
-                         tok, args, CPU)[0]
+    b = rlhf_iif.episodes(policy, ref, rlhf_iif.load_prompts(args, tok)[0][:8], 0.05,
+                          rlhf_iif.make_reward_fn(*clf, CPU), tok, args, CPU)
     perturb_(policy)
     pairs = [(list(range(40, 40 + n)), list(range(60, 60 + m))) for n, m in [(3, 5), (6, 2), (4, 4)]]
     t = rlhf_variants.reference_episodes(pairs, tok, CPU)
@@ -203,7 +203,7 @@ def test_analysis_ippo_draws_and_tabulates(tmp_path, cot_toy):
                          ("i-ppo", ["--filter-method", "i-ppo"])]:
         run_variants(tmp_path, cot_flags(cot_toy, *extra, "--rounds", "3"), f"t-cot__{label}__1")
     out = tmp_path / "ippo.png"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "analysis.py"), "ippo", "--runs", str(tmp_path),
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "analysis_variants.py"), "ippo", "--runs", str(tmp_path),
                            "--env", "t-cot", "--last", "2", "--out", str(out)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
