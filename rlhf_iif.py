@@ -9,7 +9,7 @@ so the PPO step for language models is written out below, following TRL 0.11's.
 
     python rlhf_iif.py --filter-method influence             # the paper's run: hub models, a GPU
     python rlhf_iif.py --filter-method influence --compile   # one CUDA graph a step (untried)
-    bash results/rlhf_toy.sh "1" "influence"                 # offline on a CPU, a toy task
+    RUNS=runs bash results/rlhf_toy.sh "1" "influence"       # offline on a CPU, a toy task
 
 Read top to bottom: flags, policy and generation, Stages I-III, the test, main (the loop). --compile
 lives in rlhf_compile.py (this file runs alone without it): main passes Stage I its sampler and Stage

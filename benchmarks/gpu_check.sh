@@ -50,9 +50,9 @@ trap 'rm -rf "$WORK"' EXIT
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$WORK/inductor}" TMPDIR="$WORK"
 if [ "$DEVICE" = cpu ]; then threads=(--threads 1); else threads=(); fi
 if [ "$CALL" = 1 ]; then
-  LIMITS=(wheels 30 preflight 15 build 30 step_check 135 round_time_rlhf_compile 90)
+  LIMITS=(wheels 25 preflight 30 build 30 step_check 130 round_time_rlhf_compile 85)
 else
-  LIMITS=(wheels 30 preflight 15 build 40 round_time_rlhf_eager 115 round_time_grpo 100)
+  LIMITS=(wheels 25 preflight 30 build 40 round_time_rlhf_eager 110 round_time_grpo 95)
 fi
 declare -A LIMIT; line=""; total=0
 for ((i = 0; i < ${#LIMITS[@]}; i += 2)); do

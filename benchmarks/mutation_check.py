@@ -6,6 +6,7 @@ catches is a blind spot of the suite: it survives, and the check exits with 1.
     python benchmarks/mutation_check.py                    # every mutation (about an hour on 2 cores)
     python benchmarks/mutation_check.py --files iif.py     # one script's
     python benchmarks/mutation_check.py --list             # the mutations, without running them
+    python benchmarks/mutation_check.py --only 3 17        # two of them
 
 Prints a table, a row per mutation as it ends (its progress to stderr): the stage of Alg. 1, what changed, killed
 or survived, the first test that failed and the seconds it took. A mutation whose line is no longer in the file
@@ -264,9 +265,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", nargs="+", default=list(TESTS), choices=list(TESTS))
     ap.add_argument("--list", action="store_true", help="print the mutations and stop")
+    ap.add_argument("--only", nargs="+", type=int, help="these mutations only (their numbers in --list)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds a mutation's tests may take")
     a = ap.parse_args()
     chosen = [m for m in MUTATIONS if m[0] in a.files]
+    if a.only:
+        chosen = [m for i, m in enumerate(chosen, 1) if i in a.only]
     for script, _, old, _ in chosen:  # every mistake must still apply to today's code
         n = open(os.path.join(ROOT, script)).read().count(old)
         if n != 1:

@@ -74,10 +74,12 @@ def rows(path):
 
 
 def same(old, new):
-    """The rows agree on every column of new but the t_* timings; old's other columns are empty"""
+    """The rows agree on every column both have but the t_* timings; old's other columns are empty
+    (new's added columns are not compared)"""
     gone = set(old[0]) - set(new[0])
+    both = [k for k in new[0] if k in old[0]]
     return (len(old) == len(new) and all(all(o[k] == "" for k in gone) for o in old)
-            and [{k: r[k] for k in new[0]} for r in old] == new)
+            and [{k: r[k] for k in both} for r in old] == [{k: r[k] for k in both} for r in new])
 
 
 def compare_folders(old_dir, new_dir):

@@ -35,7 +35,9 @@ for seed in $seeds; do for label in $labels; do
   case $label in validation) method=(--filter-method influence --target-data validation --validation-size 8) ;;
                  *) method=(--filter-method $label) ;; esac
   name=${prefix}__${label}__${seed}; dir=results/runs/$name
-  if [ -f $dir/metrics.csv ] && [ $(($(wc -l < $dir/metrics.csv) - 1)) -ge $batches ]; then continue; fi
+  if [ -f $dir/metrics.csv ] && [ $(($(wc -l < $dir/metrics.csv) - 1)) -ge $batches ]; then
+    echo "skipped $name: finished in $dir (remove it to run it again)"; continue
+  fi
   rm -rf $dir
   python grpo_variants.py "${flags[@]}" "${method[@]}" --seed $seed --runs-dir results/runs --run-name $name &
   [ "$clock" = 1 ] || wait $!

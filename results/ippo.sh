@@ -33,7 +33,7 @@ for task in $tasks; do
     esac
     name=ippo-${task}__${label}${TAG:-}__${seed}; dir=$runs/$name
     if [ -f $dir/metrics.csv ] && [ ! -f $dir/checkpoint.pt ] && [ $(($(wc -l < $dir/metrics.csv) - 1)) -ge 30 ]; then
-      continue
+      echo "skipped $name: finished in $dir (remove it, or set RUNS, to run it again)"; continue
     fi
     resume=()
     if [ -f $dir/checkpoint.pt ]; then resume=(--resume); else rm -rf $dir; fi

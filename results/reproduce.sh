@@ -10,7 +10,9 @@ runs=${RUNS:-results/runs}
 for env in $envs; do for seed in $seeds; do for method in $methods; do
   name="${env}__${method}__${seed}"; dir="$runs/$name"
   rounds=$(python -c "import iif_variants as v, tyro, sys; print(v.resolve_args(tyro.cli(v.Args, args=['--env-id', '$env', *sys.argv[1:]])).num_rounds)" "$@")
-  if [ -f "$dir/metrics.csv" ] && [ "$(($(wc -l < "$dir/metrics.csv") - 1))" -ge "$rounds" ]; then continue; fi
+  if [ -f "$dir/metrics.csv" ] && [ "$(($(wc -l < "$dir/metrics.csv") - 1))" -ge "$rounds" ]; then
+    echo "skipped $name: finished in $dir (remove it, or set RUNS, to run it again)"; continue
+  fi
   python iif_variants.py --env-id "$env" --filter-method "$method" --seed "$seed" --runs-dir "$runs" --run-name "$name" \
     --resume "$@"
 done; done; done

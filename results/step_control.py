@@ -60,6 +60,7 @@ def run(runs, env_id, label, seed, flags):
             rounds = json.load(f)["num_rounds"]
         with open(path) as f:
             if sum(1 for _ in f) - 1 >= rounds:
+                print(f"skipped {name}: finished in {os.path.relpath(os.path.join(runs, name), ROOT)}", flush=True)
                 return True
     print(" ".join(cmd[1:]), flush=True)
     with open(os.path.join(runs, name + ".err"), "w") as err:

@@ -163,6 +163,42 @@ def test_filter_takes_the_dropped_completions_out(toy, tmp_path, mini_batch):
     assert not torch.allclose(loss, loss_and_grad(b0)[0])  # the dropped completions did count before
 
 
+def test_random_filters_draw_from_their_own_generator():
+    """The random filter draws from the run's filter generator alone, whatever the global torch RNG has done (so
+    the runs' other draws are the same with and without it)"""
+    import iif
+    import rlhf_iif
+    scores = torch.linspace(-1, 1, 41)
+    for filter_records in (grpo_iif.filter_records, rlhf_iif.filter_records, iif.filter_records):
+        drawn = []
+        for global_seed in (0, 1):
+            torch.manual_seed(global_seed)
+            drawn.append(filter_records(scores, "random", 0.5, torch.Generator().manual_seed(3))[0])
+        assert torch.equal(*drawn) and not drawn[0].all()
+
+
+def test_completion_losses_count_only_the_completions_tokens(toy, tmp_path):
+    """TRL's "dapo" loss per completion, written out: the token sum of the clipped surrogate (and beta x the k3
+    KL x the ratio) over the real tokens only, over the generation batch's token count; a completion that ends
+    early leaves padding that counts nothing"""
+    args, trainer, b = trainer_and_batch(toy, tmp_path, "--beta", "0.1")
+    b["completion_mask"][0, 2:] = 0  # the first completion ends after 2 tokens
+    b["num_items_in_batch"] = b["completion_mask"].sum()
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    perturb_(model, 0.05)
+    logp = grpo_iif.completion_logprobs(model, b, torch.arange(len(b["advantages"])))
+    losses = grpo_iif.completion_losses(model, b, torch.arange(len(b["advantages"])), args, logp=logp)
+    for i in range(len(losses)):
+        total = 0.0
+        for t in range(b["completion_mask"].shape[1]):
+            if b["completion_mask"][i, t]:
+                old = b["old_per_token_logps"][i, t] if "old_per_token_logps" in b else logp[i, t]
+                r, a = torch.exp(logp[i, t] - old), b["advantages"][i]
+                d = b["ref_per_token_logps"][i, t] - logp[i, t]
+                total += -min(r * a, r.clamp(0.8, 1.2) * a) + 0.1 * (torch.exp(d) - d - 1) * r
+        assert float(losses[i]) == pytest.approx(float(total / b["num_items_in_batch"]), rel=1e-9, abs=1e-12)
+
+
 def test_filter_records():
     scores = torch.tensor([0.5, -1.0, 0.0, -2.0, 3.0, -1.0])
     gen = torch.Generator().manual_seed(0)
