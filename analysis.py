@@ -560,23 +560,9 @@ def cmd_bottom_records(args):
     print(f"wrote {args.out}")
 
 
-def rankdata(x):
-    """Ranks from 1, ties sharing their average rank."""
-    order = np.argsort(x, kind="stable")
-    ranks = np.empty(len(x))
-    sorted_x = x[order]
-    i = 0
-    while i < len(x):
-        j = i
-        while j + 1 < len(x) and sorted_x[j + 1] == sorted_x[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
-
-
 def spearman(x, y):
-    return float(np.corrcoef(rankdata(x), rankdata(y))[0, 1])
+    """Spearman's rank correlation, ties sharing their average rank"""
+    return float(scipy.stats.spearmanr(x, y).statistic)
 
 
 @dataclass

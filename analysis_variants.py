@@ -768,14 +768,14 @@ def equal_kl(points, method, metric, resamples, rng):
     return out
 
 
-def verdict(rows):
-    """ahead / behind where every compared point's interval lies on one side of 0, else not shown"""
+def verdict(rows, lower_is_better=False):
+    """ahead / behind where every compared point's interval lies on one side of 0 (the better side: above 0, or
+    below it for a metric where lower is better), else not shown"""
     if not rows:
         return "no KL in common"
-    if all(lo > 0 for *_, lo, _ in rows):
-        return "ahead of PPO"
-    if all(hi < 0 for *_, hi in rows):
-        return "behind PPO"
+    above, below = all(lo > 0 for *_, lo, _ in rows), all(hi < 0 for *_, hi in rows)
+    if above or below:
+        return "ahead of PPO" if above != lower_is_better else "behind PPO"
     return "not shown"
 
 
@@ -815,17 +815,17 @@ def cmd_frontier(args):
             if m == "none":
                 continue
             per_metric = {k: equal_kl(points, m, k, args.resamples, rng) for k in ["reward_mean", *tests]}
-            verdicts[m] = {k: verdict(v) for k, v in per_metric.items()}
+            verdicts[m] = {k: verdict(v, k in ("eval_toxicity", "eval_unfaithful")) for k, v in per_metric.items()}
             for i, (beta, kl, *_) in enumerate(per_metric["reward_mean"]):
                 cells = [f"{v[i][2]:+.3f} [{v[i][3]:+.3f}, {v[i][4]:+.3f}]" for v in per_metric.values()]
                 print(f"| {IPPO_LABELS[m]} | {beta:g} | {kl:.2f} | " + " | ".join(cells) + " |")
         print(f"\n{env}: verdicts at equal KL (ahead or behind: every compared point's interval on one side of 0; "
-              "lower is better for toxicity and the unfaithful share)\n")
+              "ahead is higher reward and accuracy, lower toxicity and unfaithful share)\n")
         print("| method | " + " | ".join(names[m] for m in ["reward_mean", *tests]) + " |")
         print("|---|" + "---|" * (1 + len(tests)))
         for m, v in verdicts.items():
             print(f"| {IPPO_LABELS[m]} | " + " | ".join(v.values()) + " |")
-        for a, metric in zip(ax, ["reward_mean", *tests, "kl"][:3]):
+        for a, metric in zip(ax, ["reward_mean", *tests]):
             for m in methods:
                 pts = sorted(points[m].items())
                 kl = np.array([np.mean(p["kl"]) for _, p in pts])

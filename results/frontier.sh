@@ -3,7 +3,7 @@
 # 64 episodes, everything else as there) at a sweep of the KL penalty beta (--init-kl-coef), into
 # results/frontier/runs/ippo-<task>__<label>-b<beta>__<seed>/. The adaptive controller stays as ippo.sh has it:
 # its horizon of 10,000 episodes moves beta by at most 4 % over a run's 1,920 episodes, so each run's beta stays
-# within 4 % of the one it starts at. Every point runs on this machine's builds of the two toy tasks (a build on
+# within 4 % of the one it starts at. Every point runs on the builds of the two toy tasks made where it runs (a build on
 # another machine differs; ippo.sh's committed runs were made on another), whose summaries go to
 # results/frontier/builds.txt. Resumable, as ippo.sh. JOBS runs in parallel (default 2), a (task, beta) each.
 #   [BETAS_detox="..."] [BETAS_cot="..."] bash results/frontier.sh "1 2 3 4 5" "none influence i-ppo i-ppo-noreweight" "detox cot"

@@ -69,7 +69,8 @@ def main():
     print(f"From {a.episodes}")
     for task in a.tasks:
         cot = task.endswith("cot")
-        print(f"\n{task}: mean over rounds and seeds\n")
+        seeds = sorted({seed for (t, _), runs in episodes.items() if t == task for seed, _ in runs})
+        print(f"\n{task}: mean over rounds and seeds (seeds {', '.join(seeds)})\n")
         print("| method | effective sample size / kept | largest weight | above-mean reward: share of kept | "
               "their share of the weight |" + (" unfaithful among right kept: counted | weighted |" if cot else ""))
         print("|---|---|---|---|---|" + ("---|---|" if cot else ""))

@@ -15,6 +15,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_classifier, tiny_lm, write_data  # noqa: E402
 
 
+def pytest_addoption(parser):
+    parser.addoption("--gpu-check", action="store_true", help="also run benchmarks/gpu_check.sh's two calls end "
+                     "to end on the CPU at a tiny shape (about 2 minutes on 2 cores): before a GPU call")
+
+
 @pytest.fixture(scope="session")
 def toy(tmp_path_factory):
     """The RLHF and GRPO tests' task: untrained tiny models saved with save_pretrained, loaded back by

@@ -116,7 +116,10 @@ def test_mc_advantage_on_a_deterministic_mdp():
 
 
 def test_spearman_with_ties():
-    np.testing.assert_allclose(analysis.rankdata(np.array([3.0, 1.0, 3.0, 2.0])), [3.5, 1, 3.5, 2])
+    # ranks 3.5, 1, 3.5, 2 against 2, 1, 3, 4: Pearson's r of the ranks
+    x, y = np.array([3.0, 1.0, 3.0, 2.0]), np.array([2.0, 1.0, 3.0, 4.0])
+    rx, ry = np.array([3.5, 1, 3.5, 2]), np.array([2.0, 1, 3, 4])
+    assert analysis.spearman(x, y) == pytest.approx(np.corrcoef(rx, ry)[0, 1])
     assert analysis.spearman(np.arange(5.0), np.arange(5.0) ** 3) == pytest.approx(1.0)
     assert analysis.spearman(np.arange(5.0), -np.arange(5.0)) == pytest.approx(-1.0)
 
@@ -272,6 +275,26 @@ def test_ablation_table_from_hand_made_runs(tmp_path):
     cell = [f"{100 * x:.1f} [{100 * x:.1f}, {100 * x:.1f}]" for x in (se_ave, se_even, se_peak, rt_peak)]
     assert (f"| E-v0 | a | 1 | {' | '.join(cell)} | 0.300 ± 0.000 | 0.900 ± 0.000 | 0.900 ± 0.000 | - |") in out
     assert "| E-v0 | b |" not in out  # no IIF run: no row
+
+
+def test_frontier_compares_each_method_with_ppo_at_equal_kl(tmp_path):
+    def write(label, beta, seed, kl, reward, toxicity):
+        d = tmp_path / f"ippo-detox__{label}-b{beta}__{seed}"
+        d.mkdir()
+        rows = [f"{kl},{reward},{toxicity}"] * 2  # two rounds, both in the trailing mean
+        (d / "metrics.csv").write_text("kl,reward_mean,eval_toxicity\n" + "\n".join(rows) + "\n")
+    for seed in (1, 2):  # PPO's curve: KL 10, 5, 2 at beta 0.05, 0.2, 0.8
+        for beta, kl, reward, tox in ((0.05, 10, 3.0, 0.5), (0.2, 5, 2.0, 0.4), (0.8, 2, 1.0, 0.3)):
+            write("none", beta, seed, kl, reward, tox)
+        write("influence", 0.2, seed, math.sqrt(50), 2.8, 0.4)  # halfway between 10 and 5 in log KL
+        write("i-ppo", 0.2, seed, 0.5, 0.1, 0.2)  # below PPO's smallest KL
+    out = sh("analysis_variants.py", "frontier", "--runs", str(tmp_path), "--env", "ippo-detox", "--last", "2",
+             "--resamples", "50", "--out", str(tmp_path / "f.png"))
+    # PPO's curve at KL sqrt(50): reward 2.5, toxicity 0.45
+    assert "| IIF (f_seq) | 0.2 | 7.07 | +0.300 [+0.300, +0.300] | -0.050 [-0.050, -0.050] |" in out
+    assert "| IIF (f_seq) | ahead of PPO | ahead of PPO |" in out  # higher reward, lower toxicity
+    assert "| I-PPO | no KL in common | no KL in common |" in out
+    assert (tmp_path / "f.png").stat().st_size > 0
 
 
 @pytest.fixture
