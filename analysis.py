@@ -67,10 +67,11 @@ def load_runs(runs_dir, env_id):
 
 
 def planned_rounds(runs_dir, env_id, label, seed, default):
-    """The rounds a run was started for (its config.json's num_rounds), else default."""
+    """The rounds a run was started for (its config.json's num_rounds; rlhf_iif.py's: rounds), else default."""
     try:
         with open(os.path.join(runs_dir, f"{env_id}__{label}__{seed}", "config.json")) as f:
-            return int(json.load(f)["num_rounds"])
+            config = json.load(f)
+        return int(config.get("num_rounds", config["rounds"]))
     except (OSError, KeyError, ValueError):
         return default
 

@@ -787,6 +787,12 @@ def cmd_frontier(args):
     fig, axes = plt.subplots(len(args.env), 3, figsize=(15, 3.6 * len(args.env)), squeeze=False)
     for env, ax in zip(args.env, axes):
         runs = load_runs(args.runs, env)
+        for lb, seeds in runs.items():  # a run still under way would read as a point at its last rounds
+            unfinished = [s for s, rows in seeds.items() if len(rows) < planned_rounds(args.runs, env, lb, s, 0)]
+            if unfinished:
+                print(f"{env}__{lb}: seed(s) {', '.join(unfinished)} unfinished, left out")
+            runs[lb] = {s: rows for s, rows in seeds.items() if s not in unfinished}
+        runs = {lb: seeds for lb, seeds in runs.items() if seeds}
         row = next(iter(next(iter(runs.values())).values()))[0]
         cot = not np.isnan(row.get("eval_accuracy", np.nan))
         tests = (["eval_accuracy", "eval_unfaithful"] if cot else ["eval_toxicity"])
@@ -815,7 +821,9 @@ def cmd_frontier(args):
             if m == "none":
                 continue
             per_metric = {k: equal_kl(points, m, k, args.resamples, rng) for k in ["reward_mean", *tests]}
-            verdicts[m] = {k: verdict(v, k in ("eval_toxicity", "eval_unfaithful")) for k, v in per_metric.items()}
+            single = min(len(p["kl"]) for q in (points[m], points["none"]) for p in q.values()) < 2
+            verdicts[m] = {k: "no verdict: a point of one seed has no interval" if single and v else
+                           verdict(v, k in ("eval_toxicity", "eval_unfaithful")) for k, v in per_metric.items()}
             for i, (beta, kl, *_) in enumerate(per_metric["reward_mean"]):
                 cells = [f"{v[i][2]:+.3f} [{v[i][3]:+.3f}, {v[i][4]:+.3f}]" for v in per_metric.values()]
                 print(f"| {IPPO_LABELS[m]} | {beta:g} | {kl:.2f} | " + " | ".join(cells) + " |")

@@ -1,8 +1,8 @@
-"""grpo_iif.py and grpo_variants.py against an earlier single-file grpo_iif.py (a git commit): the same
-flags on the tests' tiny task must give the same metrics.csv, every column but the t_* timings.
+"""grpo_iif.py and grpo_variants.py against a git commit's (the single grpo_iif.py before the split, or the pair
+after it): the same flags on the tests' tiny task must give the same metrics.csv, every column but the t_* timings.
 
     python results/grpo_rerun_check.py                 # against f3c7146, the file before the split
-    python results/grpo_rerun_check.py --commit HEAD~3
+    python results/grpo_rerun_check.py --commit 99daf99   # a commit after the split: each script against its own
     python results/grpo_rerun_check.py --runs OTHER/results/runs results/runs   # two sets of runs
 
 Each configuration runs in a fresh process, once with the earlier file and once with today's pair,
@@ -109,14 +109,18 @@ def main():
         os.makedirs(old)
         os.makedirs(task)
         build_task(task)
-        with open(os.path.join(old, "grpo_iif.py"), "w") as f:
-            f.write(subprocess.run(["git", "show", f"{a.commit}:grpo_iif.py"], cwd=ROOT, check=True,
-                                   capture_output=True, text=True).stdout)
+        for f in ("grpo_iif.py", "grpo_variants.py"):  # a commit after the split has both: each runs as today's
+            show = subprocess.run(["git", "show", f"{a.commit}:{f}"], cwd=ROOT, capture_output=True, text=True)
+            if show.returncode == 0:
+                with open(os.path.join(old, f), "w") as out:
+                    out.write(show.stdout)
+        split = os.path.exists(os.path.join(old, "grpo_variants.py"))
         for name in a.configs:
             script, extra = CONFIGS[name]
             out = {}
-            for who, path in (("old", os.path.join(old, "grpo_iif.py")), ("new", os.path.join(ROOT, script))):
-                test = script == "grpo_variants.py" or (False if who == "new" else None)
+            for who, path in (("old", os.path.join(old, script if split else "grpo_iif.py")),
+                              ("new", os.path.join(ROOT, script))):
+                test = script == "grpo_variants.py" or (False if who == "new" or split else None)
                 p = subprocess.run([sys.executable, path, *flags(task, tmp, f"{name}-{who}", extra, test)],
                                    cwd=ROOT, env=env, capture_output=True, text=True)
                 if p.returncode:

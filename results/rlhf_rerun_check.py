@@ -70,7 +70,7 @@ def compare(old, new):
 
 
 def run(script, config, today, out, name):
-    cmd = [sys.executable, script, *flags(config, today, os.path.basename(script).replace("_old", "")),
+    cmd = [sys.executable, script, *flags(config, today, os.path.basename(script)),
            "--runs-dir", out, "--run-name", name]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
                           env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
@@ -94,12 +94,15 @@ def main():
         name = os.path.basename(path.rstrip("/"))
         config = json.load(open(os.path.join(path, "config.json")))
         jobs.append((name, "today", os.path.join(ROOT, a.script), config, set(a.today)))
-        if a.commit:
-            old_script = os.path.join(tmp, a.script.replace(".py", "_old.py"))
-            with open(old_script, "w") as f:
-                f.write(subprocess.run(["git", "show", f"{a.commit}:{a.script}"], cwd=ROOT, check=True,
-                                       capture_output=True, text=True).stdout)
-            jobs.append((name, "old", old_script, config, set()))
+        if a.commit:  # the commit's scripts side by side, so that its rlhf_variants.py imports its rlhf_iif.py
+            src = os.path.join(tmp, "src")
+            os.makedirs(src, exist_ok=True)
+            for f in ("rlhf_iif.py", "rlhf_variants.py", "rlhf_compile.py"):
+                show = subprocess.run(["git", "show", f"{a.commit}:{f}"], cwd=ROOT, capture_output=True, text=True)
+                if show.returncode == 0:
+                    with open(os.path.join(src, f), "w") as out:
+                        out.write(show.stdout)
+            jobs.append((name, "old", os.path.join(src, a.script), config, set()))
     with ThreadPoolExecutor(a.jobs) as pool:
         done = list(pool.map(lambda j: (j[0], j[1], run(j[2], j[3], j[4], os.path.join(tmp, j[1]), j[0])), jobs))
     got = {(name, which): r for name, which, r in done}

@@ -288,12 +288,19 @@ def test_frontier_compares_each_method_with_ppo_at_equal_kl(tmp_path):
             write("none", beta, seed, kl, reward, tox)
         write("influence", 0.2, seed, math.sqrt(50), 2.8, 0.4)  # halfway between 10 and 5 in log KL
         write("i-ppo", 0.2, seed, 0.5, 0.1, 0.2)  # below PPO's smallest KL
+    write("influence", 0.8, 1, 3.0, 9.9, 0.0)  # under way: 2 of its 30 rounds
+    (tmp_path / "ippo-detox__influence-b0.8__1" / "config.json").write_text('{"rounds": 30}')  # rlhf_iif.py's name
     out = sh("analysis_variants.py", "frontier", "--runs", str(tmp_path), "--env", "ippo-detox", "--last", "2",
              "--resamples", "50", "--out", str(tmp_path / "f.png"))
     # PPO's curve at KL sqrt(50): reward 2.5, toxicity 0.45
     assert "| IIF (f_seq) | 0.2 | 7.07 | +0.300 [+0.300, +0.300] | -0.050 [-0.050, -0.050] |" in out
     assert "| IIF (f_seq) | ahead of PPO | ahead of PPO |" in out  # higher reward, lower toxicity
     assert "| I-PPO | no KL in common | no KL in common |" in out
+    assert "ippo-detox__influence-b0.8: seed(s) 1 unfinished, left out" in out and "| IIF (f_seq) | 0.8 |" not in out
+    write("i-ppo-noreweight", 0.2, 1, math.sqrt(50), 2.8, 0.4)  # one seed: its interval is a point
+    out = sh("analysis_variants.py", "frontier", "--runs", str(tmp_path), "--env", "ippo-detox", "--last", "2",
+             "--resamples", "50", "--out", str(tmp_path / "f.png"))
+    assert "| I-PPO, no reweighting | no verdict: a point of one seed has no interval | no verdict" in out
     assert (tmp_path / "f.png").stat().st_size > 0
 
 
