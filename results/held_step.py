@@ -6,7 +6,8 @@ results/step_control.py (standard PPO at IIF's step); docs/results.md, "IIF at s
                                               # results/step-control (5 seeds; BipedalWalker 3 seeds,
                                               # its first 100 rounds), and standard PPO
                                               # and IIF for seeds 4-5 where step-control has 3
-    python results/held_step.py proxy         # --hold-step grad-norm against exact: 20 rounds, seed 1, no tests
+    python results/held_step.py proxy --envs FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 \
+        > results/held-step/proxy.md          # --hold-step grad-norm against exact: 20 rounds, seed 1, no tests
     python results/held_step.py table         # the table, from the runs (results/held-step/table.md)
 
 The outside environments' runs (CartPole-v1, MiniGrid-DoorKey-5x5-v0) are results/generic.sh's recipe held,

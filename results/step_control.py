@@ -60,9 +60,10 @@ def run(runs, env_id, label, seed, flags):
             rounds = json.load(f)["num_rounds"]
         with open(path) as f:
             if sum(1 for _ in f) - 1 >= rounds:
-                print(f"skipped {name}: finished in {os.path.relpath(os.path.join(runs, name), ROOT)}", flush=True)
+                print(f"skipped {name}: finished in {os.path.relpath(os.path.join(runs, name), ROOT)}",
+                      file=sys.stderr, flush=True)
                 return True
-    print(" ".join(cmd[1:]), flush=True)
+    print(" ".join(cmd[1:]), file=sys.stderr, flush=True)  # progress: stdout is the stages' tables
     with open(os.path.join(runs, name + ".err"), "w") as err:
         ok = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err).returncode == 0
     if ok:
