@@ -268,32 +268,32 @@ def main():
     ap.add_argument("--only", nargs="+", type=int, help="these mutations only (their numbers in --list)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds a mutation's tests may take")
     a = ap.parse_args()
-    chosen = [m for m in MUTATIONS if m[0] in a.files]
+    chosen = [(i, m) for i, m in enumerate((m for m in MUTATIONS if m[0] in a.files), 1)]  # numbered as --list
     if a.only:
-        chosen = [m for i, m in enumerate(chosen, 1) if i in a.only]
-    for script, _, old, _ in chosen:  # every mistake must still apply to today's code
+        chosen = [(i, m) for i, m in chosen if i in a.only]
+    for _, (script, _, old, _) in chosen:  # every mistake must still apply to today's code
         n = open(os.path.join(ROOT, script)).read().count(old)
         if n != 1:
             sys.exit(f"mutation_check.py: {script} holds {n} copies of {old!r} (it must hold one): update MUTATIONS")
-    counts = {s: sum(m[0] == s for m in chosen) for s in a.files}
+    counts = {s: sum(m[0] == s for _, m in chosen) for s in a.files}
     print(f"{len(chosen)} mutations ({', '.join(f'{s} {n}' for s, n in counts.items())}); tests run with -x: "
           + "; ".join(f"{s}: {' '.join(TESTS[s])}" for s in a.files) + "\n")
     print("| # | script | stage | mistake | result | first failing test | s |")
     print("|---|---|---|---|---|---|---|", flush=True)
     if a.list:
-        for i, (script, stage, old, new) in enumerate(chosen, 1):
+        for i, (script, stage, old, new) in chosen:
             print(f"| {i} | {script} | {stage} | {cell(old)} -> {cell(new)} | | | |")
         return
     copy, t_all, survived = scratch_copy(), time.perf_counter(), 0
     try:
-        for i, (script, stage, old, new) in enumerate(chosen, 1):
+        for k, (i, (script, stage, old, new)) in enumerate(chosen, 1):
             path = os.path.join(copy, script)
             original = open(path).read()
             with open(path, "w") as f:
                 f.write(original.replace(old, new))
             py_compile.compile(path, doraise=True)  # a mutation is a mistake in valid code
             t0 = time.perf_counter()
-            log(f"[{i}/{len(chosen)}] {script}: {old.strip()[:60]!r} -> {new.strip()[:60]!r}")
+            log(f"[{k}/{len(chosen)}] {script}: {old.strip()[:60]!r} -> {new.strip()[:60]!r}")
             killed, test = run(copy, script, a.timeout)
             with open(path, "w") as f:
                 f.write(original)

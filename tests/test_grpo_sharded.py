@@ -27,7 +27,9 @@ LAUNCH = {"fsdp2": ["-m", "accelerate.commands.launch", "--config_file", "config
 
 @pytest.mark.parametrize("launch,extra", [("fsdp2", ["--target", "f_seq", "--beta", "0"]),  # LoRA: activations,
                                           # G from the losses' gradients (beta 0), the processes' shares added
-                                          ("ddp", ["--target", "f_loss", "--no-lora"])])  # forward mode
+                                          ("ddp", ["--target", "f_loss", "--no-lora"]),  # forward mode
+                                          ("ddp", ["--target", "f_seq", "--beta", "0.04"])])  # LoRA: G from f's
+                                          # own backward pass (beta > 0), f_seq over the processes' completions
 def test_two_processes_score_filter_and_step_as_one(toy, tmp_path, launch, extra):
     extra = ["--filter-method", "influence", *extra, "--save-steps", "1", "--eval-samples", "3",
              "--mini-batch-size", "4"]
