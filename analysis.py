@@ -71,7 +71,7 @@ def planned_rounds(runs_dir, env_id, label, seed, default):
     try:
         with open(os.path.join(runs_dir, f"{env_id}__{label}__{seed}", "config.json")) as f:
             config = json.load(f)
-        return int(config.get("num_rounds", config["rounds"]))
+        return int(config["num_rounds"] if "num_rounds" in config else config["rounds"])
     except (OSError, KeyError, ValueError):
         return default
 
