@@ -274,23 +274,6 @@ def filter_records(scores, method, p, gen):
     return kept, n_neg
 
 
-def keep_only(trainer, b, kept):
-    """This process's share of b without the dropped completions, so TRL's update never computes
-    them; TRL's optimizer steps stay as many, and the "dapo" normaliser counts every process's kept
-    tokens. Every process keeps as many rows as the one with most kept, rounded up to whole
-    micro-batches, so all make the same passes (DDP, FSDP): rows added are dropped ones, masked."""
-    acc = trainer.accelerator
-    per_process = kept.view(acc.num_processes, -1)  # the same on every process
-    mine = per_process[acc.process_index]
-    k = trainer.args.steps_per_generation
-    n_rows = max(1, -(-int(per_process.sum(1).max()) // k)) * k
-    rows = torch.argsort((~mine).int(), stable=True)[:n_rows]  # the kept ones first
-    b = take_rows(b, rows.to(b["advantages"].device))
-    b["completion_mask"] = b["completion_mask"] * mine[rows, None].to(b["completion_mask"])
-    b["num_items_in_batch"] = acc.gather(b["completion_mask"].sum()).sum()
-    return b
-
-
 # ---- Alg. 1 on TRL's GRPOTrainer: Stage I (generation) and Stage III (the update) are TRL's ----
 class IIFGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that filters every generation batch before its update. It overrides three
@@ -429,8 +412,27 @@ def main(args, trainer=None):
     return trainer
 
 
-# ==== Alg. 1 stands above. A first reading may skip what follows: the scoring's helpers, ====
-# ==== loading the models and data with clear errors, the flag checks and the run folder.   ====
+# ==== Alg. 1 stands above. A first reading may skip what follows: how dropped completions  ====
+# ==== leave TRL's batch, the scoring's helpers, loading the models and data with clear     ====
+# ==== errors, the flag checks and the run folder.                                          ====
+
+
+# ---- Plumbing: Stage II's dropped completions taken out of TRL's batch ----
+def keep_only(trainer, b, kept):
+    """This process's share of b without the dropped completions, so TRL's update never computes
+    them; TRL's optimizer steps stay as many, and the "dapo" normaliser counts every process's kept
+    tokens. Every process keeps as many rows as the one with most kept, rounded up to whole
+    micro-batches, so all make the same passes (DDP, FSDP): rows added are dropped ones, masked."""
+    acc = trainer.accelerator
+    per_process = kept.view(acc.num_processes, -1)  # the same on every process
+    mine = per_process[acc.process_index]
+    k = trainer.args.steps_per_generation
+    n_rows = max(1, -(-int(per_process.sum(1).max()) // k)) * k
+    rows = torch.argsort((~mine).int(), stable=True)[:n_rows]  # the kept ones first
+    b = take_rows(b, rows.to(b["advantages"].device))
+    b["completion_mask"] = b["completion_mask"] * mine[rows, None].to(b["completion_mask"])
+    b["num_items_in_batch"] = acc.gather(b["completion_mask"].sum()).sum()
+    return b
 
 
 # ---- Plumbing: the scoring's helpers ----
