@@ -278,7 +278,8 @@ def filter_records(scores, method, p, gen):
 class IIFGRPOTrainer(GRPOTrainer):
     """GRPOTrainer that filters every generation batch before its update. It overrides three
     private methods of TRL 1.16's GRPOTrainer (tests/test_grpo.py pins them):
-    _generate_and_score_completions (Alg. 1), _generate and _calculate_rewards (timing, rewards)."""
+    _generate_and_score_completions (Alg. 1), _generate and _calculate_rewards (timing, rewards);
+    compute_loss keeps the update's losses and TRL's metrics of it for the metrics.csv row."""
 
     def __init__(self, *a, iif_args, **kw):
         super().__init__(*a, **kw)

@@ -89,19 +89,19 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="rlhf_rerun_")
+    src = os.path.join(tmp, "src")  # the commit's scripts side by side: its rlhf_variants.py imports its rlhf_iif.py
+    os.makedirs(src)
+    for f in ("rlhf_iif.py", "rlhf_variants.py", "rlhf_compile.py") if a.commit else ():
+        show = subprocess.run(["git", "show", f"{a.commit}:{f}"], cwd=ROOT, capture_output=True, text=True)
+        if show.returncode == 0:
+            with open(os.path.join(src, f), "w") as out:
+                out.write(show.stdout)
     jobs = []
     for path in a.runs:
         name = os.path.basename(path.rstrip("/"))
         config = json.load(open(os.path.join(path, "config.json")))
         jobs.append((name, "today", os.path.join(ROOT, a.script), config, set(a.today)))
-        if a.commit:  # the commit's scripts side by side, so that its rlhf_variants.py imports its rlhf_iif.py
-            src = os.path.join(tmp, "src")
-            os.makedirs(src, exist_ok=True)
-            for f in ("rlhf_iif.py", "rlhf_variants.py", "rlhf_compile.py"):
-                show = subprocess.run(["git", "show", f"{a.commit}:{f}"], cwd=ROOT, capture_output=True, text=True)
-                if show.returncode == 0:
-                    with open(os.path.join(src, f), "w") as out:
-                        out.write(show.stdout)
+        if a.commit:
             jobs.append((name, "old", os.path.join(src, a.script), config, set()))
     with ThreadPoolExecutor(a.jobs) as pool:
         done = list(pool.map(lambda j: (j[0], j[1], run(j[2], j[3], j[4], os.path.join(tmp, j[1]), j[0])), jobs))
