@@ -159,25 +159,15 @@ class Efficiency:
     """folder of <env>__<label>__<seed> runs"""
     label: str = "influence"
     """label compared with standard PPO ('none')"""
-    at: tuple[float, ...] = ()
-    """also print SE(v) at these test-return levels v"""
     levels: Literal["both", "records", "even"] = "both"
     """SE_ave's performance levels: standard's record returns, 10 even levels up to its peak, or
     a column for each"""
-    rounds: int = 0
-    """compare the first N rounds of each run only (0: all; the released code's LunarLander
-    comparison window is 100)"""
-    tested_every: int = 1
-    """read the test returns of every N-th round only (rounds N-1, 2N-1, ...), as if tested with
-    --eval-every N but trained alike: what testing less often does to the numbers"""
 
 
-def cmd_efficiency(args):
+def cmd_efficiency(args, prepare=None, extra=None):
+    """The table; analysis_variants.py efficiency passes prepare(runs) -> the runs compared, and
+    extra = (heading, rows(env_id, runs, seeds)) for a table of its own before the runtimes."""
     name = LABELS.get(args.label, args.label)
-    if args.rounds < 0:
-        fail(f"--rounds must be 0 (all) or a number of rounds, got {args.rounds}")
-    if args.tested_every < 1:
-        fail(f"--tested-every must be at least 1, got {args.tested_every}")
     readings = ("records", "even") if args.levels == "both" else (args.levels,)
     print("Mean over seeds [95 % bootstrap interval], in %. SE_ave over standard's record returns "
           "and/or 10 even levels up to its peak; levels: records per seed (how many "
@@ -185,15 +175,10 @@ def cmd_efficiency(args):
     head = " | ".join(f"SE_ave, {r}" for r in readings)
     print(f"| env | method | seeds | {head} | SE_peak | RT_peak | levels |")
     print("|---|---|---|" + "---|" * len(readings) + "---|---|---|")
-    breakdown, at, left_out, order = [], [], [], []
+    breakdown, extra_rows, left_out, order = [], [], [], []
     for env_id in args.env:
         runs = load_runs(args.runs, env_id)
-        if args.rounds:
-            runs = {lb: {s: rows[:args.rounds] for s, rows in r.items()} for lb, r in runs.items()}
-        if args.tested_every > 1:
-            runs = {lb: {s: [row if (row["round"] + 1) % args.tested_every == 0
-                             else {**row, "test_return_mean": math.nan} for row in rows]
-                         for s, rows in r.items()} for lb, r in runs.items()}
+        runs = prepare(runs) if prepare else runs
         seeds = sorted(set(runs.get("none", {})) & set(runs.get(args.label, {})))
         if not seeds:
             left_out.append(f"{env_id}: no seed has both a standard ('none') and "
@@ -206,11 +191,9 @@ def cmd_efficiency(args):
             seeds = [s for s in seeds if s not in unfinished]
         if not seeds:
             continue
-        res = [efficiency(runs["none"][s], runs[args.label][s]) for s in seeds]
-        by_reading = {"records": res}
-        if "even" in readings:
-            by_reading["even"] = [efficiency(runs["none"][s], runs[args.label][s], "even")
-                                  for s in seeds]
+        by_reading = {r: [efficiency(runs["none"][s], runs[args.label][s], r) for s in seeds]
+                      for r in ("records", "even")}
+        res = by_reading["records"]  # SE_peak and RT_peak: the same on both
         cells = [fmt_ci([e["se_ave"] for e in by_reading[r]]) for r in readings]
         cells += [fmt_ci([r["se_peak"] for r in res]), fmt_ci([r["rt_peak"] for r in res])]
         levels = ", ".join(f"{r['n_levels']} ({r['n_unreached']})" for r in res)
@@ -218,34 +201,17 @@ def cmd_efficiency(args):
         first, tied, later = np.sum([r["order"] for r in res], axis=0)
         order.append(f"{env_id}: of standard's {first + tied + later} record levels, {name} "
                      f"reached {first} first, {tied} at the same round, {later} later")
-        for v in args.at:  # seeds whose standard run never reaches v have no SE(v)
-            m = []
-            for s in seeds:
-                m_lb = first_round([r["test_return_mean"] for r in runs[args.label][s]], v)
-                m_std = first_round([r["test_return_mean"] for r in runs["none"][s]], v)
-                m.append((m_lb, m_std))
-            se = [1 - min(a, len(runs[args.label][s]) + 1) / b
-                  for (a, b), s in zip(m, seeds) if b < math.inf]
-            row = f"| {env_id} | {name} | {v:g} | {', '.join(f'{a} / {b}' for a, b in m)} | "
-            if se:
-                row += f"{100 * np.mean(se):.1f} % ({len(se)} of {len(m)} seeds) |"
-            else:
-                row += "- |"
-            at.append(row)
+        extra_rows += extra[1](env_id, runs, seeds) if extra else []
         for label in ("none", args.label):
             rows = [r for s in seeds for r in runs[label][s]]
             keys = ("t_rollout", "t_influence", "t_optim", "t_eval", "n_kept", "n_updates")
             means = [np.mean([r[k] for r in rows]) for k in keys]
             breakdown.append((env_id, LABELS.get(label, label), *means))
-    if left_out:
-        print("\n" + "\n".join(left_out))
-    if order:
-        print("\n" + "\n".join(order))
-    if at:
-        print(f"\nSE at chosen levels v (rounds to reach v, {name} / standard, per seed):\n")
-        print("| env | method | v | m / m_std | SE(v) |")
-        print("|---|---|---|---|---|")
-        print("\n".join(at))
+    for lines in (left_out, order):
+        if lines:
+            print("\n" + "\n".join(lines))
+    if extra_rows:
+        print(extra[0] + "\n".join(extra_rows))
     print("\nPer-round means (seconds; Table 3):\n")
     print("| env | method | rollout | influence | optimisation | evaluation | records kept "
           "| optimizer steps |")
@@ -277,11 +243,11 @@ class Curves:
 
 
 def cmd_curves(args):
-    n_env = len(args.env)
+    n_env, what = len(args.env), "test return" if args.column == "test_return_mean" else args.column
     fig, axes = plt.subplots(1, n_env, figsize=(4.5 * n_env, 3.4), squeeze=False)
     for ax, env_id in zip(axes[0], args.env):
         runs = load_runs(args.runs, env_id)
-        print(f"{env_id}: final {args.column}, mean ± std over seeds")
+        print(f"{env_id}: final {what}, mean ± std over seeds")
         labels = sorted(runs, key=label_order)
         if args.labels:
             labels = [lb for lb in labels if lb in args.labels]
@@ -297,16 +263,13 @@ def cmd_curves(args):
                 runs[label] = {s: r for s, r in runs[label].items() if s not in unfinished}
             if not runs[label]:
                 continue
-            n = min(len(rows) for rows in runs[label].values())
-            n = min(n, args.rounds or n)
+            n = min(*(len(rows) for rows in runs[label].values()), args.rounds or math.inf)
             curves = np.array([[r.get(args.column, math.nan) for r in rows[:n]]
                                for rows in runs[label].values()])
             x = np.arange(1, n + 1)
             tested = ~np.isnan(curves).any(0)  # --eval-every N: only the tested rounds
-            curves = curves[:, tested]
-            x = x[tested]
-            mean = curves.mean(0)
-            std = curves.std(0)
+            curves, x = curves[:, tested], x[tested]
+            mean, std = curves.mean(0), curves.std(0)
             name = LABELS.get(label, label)
             ax.plot(x, mean, color=colors[label], label=f"{name} ({len(curves)} seeds)")
             ax.fill_between(x, mean - std, mean + std, color=colors[label], alpha=0.2, linewidth=0)
@@ -314,8 +277,7 @@ def cmd_curves(args):
             late = curves[:, x > n // 2].min(1)  # a late fall shows as a low minimum here
             print(f"  {'':>12}  per seed: final {', '.join(f'{v:.1f}' for v in curves[:, -1])}; "
                   f"lowest after round {n // 2}: {', '.join(f'{v:.1f}' for v in late)}")
-        ax.set(title=env_id, xlabel="round",
-               ylabel="test return" if args.column == "test_return_mean" else args.column)
+        ax.set(title=env_id, xlabel="round", ylabel=what)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(args.out, dpi=120)
@@ -352,10 +314,8 @@ def cmd_rlhf(args):
     others = iter(["tab:cyan", "tab:brown", "tab:pink", "black"])
     color = {lb: COLORS[lb] if lb in COLORS else next(others, None) for lb in labels}
     keys = ("t_generate", "t_forward", "t_influence", "t_optim")
-    cum_t = defaultdict(dict)  # label -> seed -> runtime after each round
-    for lb in labels:
-        for s, rs in runs[lb].items():
-            cum_t[lb][s] = np.cumsum([sum(r[k] for k in keys) for r in rs])
+    cum_t = {lb: {s: np.cumsum([sum(r[k] for k in keys) for r in rs]) for s, rs in runs[lb].items()}
+             for lb in labels}  # label -> seed -> runtime after each round
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
     for label in labels:
         n = min(len(rows) for rows in runs[label].values())
@@ -366,8 +326,7 @@ def cmd_rlhf(args):
                   (axes[2], "reward_mean", t))
         for ax, key, xs in panels:
             c = np.array([[r.get(key, np.nan) for r in rs[:n]] for rs in rows])  # grpo_iif.py: no test
-            mean = c.mean(0)
-            std = c.std(0)
+            mean, std = c.mean(0), c.std(0)
             ax.plot(xs, mean, color=color[label], label=f"{name[label]} ({len(c)} seeds)")
             ax.fill_between(xs, mean - std, mean + std, color=color[label], alpha=0.2, linewidth=0)
     titles = ("training reward", "test toxicity", "training reward")
@@ -403,10 +362,8 @@ def cmd_rlhf(args):
                 if m[label] is None:
                     print(f"| {name[label]} | {seed} | {v:.2f} | not reached | - |")
                     continue
-                r_lb = m[label] + w  # the round that completes the window
-                r_std = m["none"] + w
-                t_lb = cum_t[label][seed][r_lb - 1]
-                t_std = cum_t["none"][seed][r_std - 1]
+                r_lb, r_std = m[label] + w, m["none"] + w  # the round that completes the window
+                t_lb, t_std = cum_t[label][seed][r_lb - 1], cum_t["none"][seed][r_std - 1]
                 print(f"| {name[label]} | {seed} | {v:.2f} | {r_lb} / {r_std} = {r_lb / r_std:.0%} "
                       f"| {t_lb:.0f} s / {t_std:.0f} s = {t_lb / t_std:.0%} |")
     print("\nPer-round runtime, seconds, mean over rounds and seeds (Table 4):\n")
@@ -444,12 +401,9 @@ def load_config(run_dir):
         config.setdefault("target_adv", "normalized" if config["adv_norm"] == "buffer" else "raw")
         config.setdefault("filter_ties", "drop")
     config.setdefault("env_backend", "gymnasium")
-    for key, value in variants.ADDED_FLAGS.items():
-        config.setdefault(key, value)
     # iif.py writes its own flags only: the others take iif_variants.py's defaults, its behaviour
-    for field in dataclasses.fields(variants.Args):
-        if field.default is not dataclasses.MISSING:
-            config.setdefault(field.name, field.default)
+    config = {**{f.name: f.default for f in dataclasses.fields(variants.Args)
+                 if f.default is not dataclasses.MISSING}, **variants.ADDED_FLAGS, **config}
     config.setdefault("env_kwargs", iif.PRESETS.get(config["env_id"], {}).get("env_kwargs", {}))
     return config
 
@@ -505,8 +459,7 @@ def draw_minigrid_view(ax, obs, action, adv, score):
     ax.imshow(rgb)
     ax.plot(3, 6, marker="^", color="tab:red", markersize=9)
     ax.set_title(f"{MINIGRID_ACTIONS[int(action)]}\nA_hat {adv:+.2f}, I {score:.1e}", fontsize=7)
-    ax.set_xticks([])
-    ax.set_yticks([])
+    ax.set(xticks=[], yticks=[])
 
 
 @dataclass
@@ -534,8 +487,7 @@ def cmd_bottom_records(args):
             states = b["obs"].argmax(1).numpy()[bottom]
             actions = b["actions"].numpy()[bottom]
             adv = raw_advantages(b)[bottom]
-            title = f"bottom {args.n} records, k = {k}"
-            pairs = draw_frozenlake(ax, desc, states, actions, adv, title)
+            pairs = draw_frozenlake(ax, desc, states, actions, adv, f"bottom {args.n} records, k = {k}")
             print(f"round {k}: bottom {args.n} records by (state, action): count, share with "
                   "A_hat > 0, mean A_hat")
             for (s, a), advs in sorted(pairs.items(), key=lambda kv: -len(kv[1])):
@@ -586,16 +538,15 @@ def cmd_advantage_diagnosis(args):
     actions = b["actions"].numpy()
     # App. C.4: the Monte-Carlo advantage A_mc from the buffer's own episodes, (steps, envs) arrays
     columns = (states, actions, b["rewards"].numpy(), b["dones"].numpy())
-    a_mc = variants.mc_advantage(*(x.reshape(-1, config["num_envs"]) for x in columns), config["gamma"])
-    a_mc = a_mc.ravel()
+    a_mc = variants.mc_advantage(*(x.reshape(-1, config["num_envs"]) for x in columns),
+                                 config["gamma"]).ravel()
     a_hat = raw_advantages(b)
     score = b["influence"].numpy()
     ok = ~np.isnan(a_mc)
     a_mc, a_hat, score = a_mc[ok], a_hat[ok], score[ok]
     order = np.argsort(-score, kind="stable")  # decreasing influence: rank 0 is the top record
     agree = np.sign(a_mc[order]) == np.sign(a_hat[order])
-    n = len(order)
-    q = n // 5
+    n, q = len(order), len(order) // 5
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
     rank = np.arange(n)
     for ax in (ax1, ax2):
@@ -610,8 +561,7 @@ def cmd_advantage_diagnosis(args):
     ax2.scatter(rank, (a_mc * a_hat)[order], s=3, color="tab:purple")
     ax2.axhline(0, color="black", linewidth=0.5)
     rho = spearman(score, a_mc * a_hat)
-    # the paper's Fig. 3d: against the rank, top record first
-    rho_rank = spearman(rank, (a_mc * a_hat)[order])
+    rho_rank = spearman(rank, (a_mc * a_hat)[order])  # the paper's Fig. 3d: the rank, top record first
     ax2.set(xlabel="record (sorted by decreasing influence)", ylabel="A_mc * A_hat",
             title=f"Spearman with the record rank: {rho_rank:.2f}")
     fig.tight_layout()
@@ -705,14 +655,12 @@ def cmd_behavior_formation(args):
                 fail(f"--action {args.action}: no record of round {k_pick} takes that action")
             rise[b_pick["actions"] != args.action] = -float("inf")
         i_pick = int(rise.argmax())
-    s_star = b_pick["obs"][i_pick:i_pick + 1]
-    a_star = b_pick["actions"][i_pick:i_pick + 1]
+    s_star, a_star = b_pick["obs"][i_pick:i_pick + 1], b_pick["actions"][i_pick:i_pick + 1]
     print(f"target: record {i_pick} of round {k_pick}: action {a_star.tolist()} in state "
           f"{s_star.flatten().tolist()}")
     print("| round | pi(a*|s*) | positive-influence records | roughness |")
     print("|---|---|---|---|")
-    pis = []
-    rough = []
+    pis, rough = [], []
     for k in rounds:
         b = load_round(args.run, k)
         agent = agent_for(config, b["state_dict"])
@@ -790,14 +738,11 @@ def cmd_intervention(args):
             b = load_round(run, k)
             scores = b["influence"]
             full = torch.ones(len(scores), dtype=torch.bool)
-            no_negative = scores >= 0
             gen = torch.Generator().manual_seed(k)
             random_drop, _ = variants.filter_records(scores, "random", 1.0, gen)
             base = retrain_and_test(config, b, full, k, eval_envs, args.episodes)
-            r_iif = retrain_and_test(config, b, no_negative, k, eval_envs, args.episodes)
-            deltas[k]["IIF"].append(r_iif - base)
-            r_random = retrain_and_test(config, b, random_drop, k, eval_envs, args.episodes)
-            deltas[k]["Random"].append(r_random - base)
+            for method, kept in (("IIF", scores >= 0), ("Random", random_drop)):  # negatives dropped
+                deltas[k][method].append(retrain_and_test(config, b, kept, k, eval_envs, args.episodes) - base)
         eval_envs.close()
     rounds = sorted(deltas)
     print("| round | runs | mean delta return, negatives dropped "
@@ -806,17 +751,16 @@ def cmd_intervention(args):
     for k in rounds:
         d = deltas[k]
         print(f"| {k} | {len(d['IIF'])} | {np.mean(d['IIF']):+.3f} | {np.mean(d['Random']):+.3f} |")
-    all_iif = np.concatenate([deltas[k]["IIF"] for k in rounds])
-    all_rand = np.concatenate([deltas[k]["Random"] for k in rounds])
+    all_iif, all_rand = (np.concatenate([deltas[k][m] for k in rounds]) for m in ("IIF", "Random"))
     print(f"over all rounds and runs: negatives dropped {all_iif.mean():+.3f} "
           f"(better in {np.mean(all_iif > 0):.0%}), random drop {all_rand.mean():+.3f} "
           f"(better in {np.mean(all_rand > 0):.0%})")
     fig, ax = plt.subplots(figsize=(max(5.0, 0.5 * len(rounds)), 3.4))
-    for offset, method, color in ((-0.18, "IIF", "tab:red"), (0.18, "Random", "tab:gray")):
+    for offset, method, color, label in ((-0.18, "IIF", "tab:red", "negatives dropped"),
+                                         (0.18, "Random", "tab:gray", "random drop")):
         ax.boxplot([deltas[k][method] for k in rounds], positions=np.arange(len(rounds)) + offset,
                    widths=0.3, patch_artist=True, boxprops=dict(facecolor=color, alpha=0.5),
                    medianprops=dict(color="black"))
-        label = {"IIF": "negatives dropped", "Random": "random drop"}[method]
         ax.plot([], [], color=color, linewidth=6, alpha=0.5, label=label)
     ax.axhline(0, color="tab:red", linestyle="--", linewidth=0.8)
     ax.set_xticks(np.arange(len(rounds)), [str(k) for k in rounds])
@@ -840,8 +784,8 @@ COMMANDS = {  # subcommand: (its flags, what it runs)
 
 
 def main():
-    flags = {name: cls for name, (cls, _) in COMMANDS.items()}
-    args = tyro.extras.subcommand_cli_from_dict(flags, description=__doc__.splitlines()[0])
+    args = tyro.extras.subcommand_cli_from_dict({name: cls for name, (cls, _) in COMMANDS.items()},
+                                                description=__doc__.splitlines()[0])
     for key in ("env", "variants", "rounds", "run"):  # lists that need at least one value
         if getattr(args, key, None) == ():
             fail(f"--{key} needs at least one value")

@@ -2,6 +2,7 @@ r"""Analyses beyond the paper's figures, of the runs iif_variants.py and rlhf_va
 
 analysis.py reproduces the paper's diagnostics; this file imports it, as iif_variants.py imports iif.py, and adds:
 
+    python analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --rounds 100 --at 0 100 200
     python analysis_variants.py frontier --runs results/frontier/runs --env ippo-detox ippo-cot
 
 Each subcommand prints its table and draws its figure in a PNG.
@@ -24,6 +25,48 @@ import iif_variants as variants
 from analysis import (COLORS, LABELS, agent_for, efficiency, fail, fmt_ci, load_config, load_round, load_runs,
                       make_test_envs, mean_ci, planned_rounds, plt, raw_advantages, read_metrics, retrain,
                       saved_rounds, smooth, spearman)
+
+
+# ---- Sec. 5.2's efficiency read other ways: SE at chosen levels, the first rounds, tested less often ----
+
+@dataclass
+class Efficiency(analysis.Efficiency):
+    """analysis.py efficiency, and SE at chosen levels, on the first rounds, or as if tested less
+    often"""
+    at: tuple[float, ...] = ()
+    """also print SE(v) at these test-return levels v"""
+    rounds: int = 0
+    """compare the first N rounds of each run only (0: all; the released code's LunarLander
+    comparison window is 100)"""
+    tested_every: int = 1
+    """read the test returns of every N-th round only (rounds N-1, 2N-1, ...), as if tested with
+    --eval-every N but trained alike: what testing less often does to the numbers"""
+
+
+def cmd_efficiency(args):
+    if args.rounds < 0:
+        fail(f"--rounds must be 0 (all) or a number of rounds, got {args.rounds}")
+    if args.tested_every < 1:
+        fail(f"--tested-every must be at least 1, got {args.tested_every}")
+    name = LABELS.get(args.label, args.label)
+
+    def prepare(runs):
+        n, every = args.rounds or None, args.tested_every
+        return {lb: {s: [row if (row["round"] + 1) % every == 0 else {**row, "test_return_mean": math.nan}
+                         for row in rows[:n]] for s, rows in r.items()} for lb, r in runs.items()}
+
+    def at_rows(env_id, runs, seeds):  # seeds whose standard run never reaches v have no SE(v)
+        rows = []
+        for v in args.at:
+            m = [tuple(analysis.first_round([r["test_return_mean"] for r in runs[lb][s]], v)
+                       for lb in (args.label, "none")) for s in seeds]
+            se = [1 - min(a, len(runs[args.label][s]) + 1) / b for (a, b), s in zip(m, seeds) if b < math.inf]
+            rows.append(f"| {env_id} | {name} | {v:g} | {', '.join(f'{a} / {b}' for a, b in m)} | "
+                        + (f"{100 * np.mean(se):.1f} % ({len(se)} of {len(m)} seeds) |" if se else "- |"))
+        return rows
+    heading = (f"\nSE at chosen levels v (rounds to reach v, {name} / standard, per seed):\n\n"
+               "| env | method | v | m / m_std | SE(v) |\n|---|---|---|---|---|\n")
+    analysis.cmd_efficiency(args, prepare, (heading, at_rows))
 
 
 # ---- The released code's recipes, one row each (results/ablation) ----
@@ -852,6 +895,7 @@ def cmd_frontier(args):
 
 
 COMMANDS = {  # subcommand: (its flags, what it runs)
+    "efficiency": (Efficiency, cmd_efficiency),
     "sensitivity": (Sensitivity, cmd_sensitivity),
     "ablation": (Ablation, cmd_ablation),
     "dropped": (Dropped, cmd_dropped),

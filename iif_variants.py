@@ -41,10 +41,11 @@ from iif import (DIAGNOSTICS, PRESETS, Agent, approx_kl, collect_rollout, evalua
 
 @dataclasses.dataclass
 class Args(iif.Args):
-    filter_method: Literal[
-        "influence", "random", "none", "adv-error", "adv-product", "td-weight"] = "influence"
+    filter_method: Optional[Literal[
+        "influence", "random", "none", "adv-error", "adv-product", "td-weight"]] = None
     """influence: IIF; random: drop as many records at random; none: standard PPO; the baselines
-    adv-error, adv-product (App. C.4, Discrete actions) and td-weight (App. C.5)"""
+    adv-error, adv-product (App. C.4, Discrete actions) and td-weight (App. C.5) (None: as
+    iif.py, influence on the paper's envs, none on others)"""
     target: Literal["f_return", "f_action"] = "f_return"
     """target function the influence is measured on (Sec. 3.1)"""
     target_state: Optional[str] = None

@@ -9,7 +9,7 @@
 #   paper's text and the *_sgd scripts: SGD at 5e-3);
 # - adam-reseed: both, the release's headline IIF runs, beside adam's standard PPO;
 # - preset: links to the same seeds of results/runs (SGD 5e-3, episodes run on), for comparison.
-# The released code's 100-round window needs no runs: analysis.py efficiency --rounds 100.
+# The released code's 100-round window needs no runs: analysis_variants.py efficiency --rounds 100.
 # Resumable (see reproduce.sh); runs one at a time (two VARIANTS lists side by side use two cores).
 #   [VARIANTS="reseed adam adam-reseed"] [SEEDS="1 2 3 4 5"] bash results/lunarlander_release.sh
 set -euo pipefail

@@ -157,9 +157,11 @@ def test_curves_and_efficiency_subcommands(frozenlake_runs, tmp_path):
     runs, _ = frozenlake_runs
     out = sh("analysis.py", "curves", "--runs", str(runs), "--env", "FrozenLake-v1", "--out", str(tmp_path / "c.png"))
     assert "IIF" in out and "Standard" in out and (tmp_path / "c.png").stat().st_size > 0
-    out = sh("analysis.py", "efficiency", "--runs", str(runs), "--env", "FrozenLake-v1", "--at", "-1")
+    out = sh("analysis.py", "efficiency", "--runs", str(runs), "--env", "FrozenLake-v1")
     assert "| FrozenLake-v1 | IIF | 2 |" in out and "SE_ave" in out and "| FrozenLake-v1 | Standard |" in out
-    assert "| FrozenLake-v1 | IIF | -1 | 1 / 1, 1 / 1 | 0.0 % (2 of 2 seeds) |" in out  # every run reaches -1 in its first round
+    at = sh("analysis_variants.py", "efficiency", "--runs", str(runs), "--env", "FrozenLake-v1", "--at", "-1")
+    assert "| FrozenLake-v1 | IIF | -1 | 1 / 1, 1 / 1 | 0.0 % (2 of 2 seeds) |" in at  # every run reaches -1 in round 1
+    assert at.replace(at[at.index("\nSE at chosen"):at.index("\nPer-round")], "") == out  # and analysis.py's table
 
 
 def write_run(runs, label, seed, returns):
@@ -194,6 +196,7 @@ def test_efficiency_on_the_first_rounds(tmp_path):
     assert "E: of standard's 4 record levels, IIF reached 2 first, 1 at the same round, 1 later" in out
     out = sh(*cmd, "--label", "random")  # no such runs: said, not a traceback
     assert "E: no seed has both a standard ('none') and a 'random' run" in out
+    cmd = ("analysis_variants.py", *cmd[1:])
     out = sh(*cmd, "--rounds", "2")  # v = 1, 2 only; every run holds 2 rounds
     assert "| E | IIF | 2 | 25.0 [25.0, 25.0] |" in out and "| 2 (0), 2 (0) |" in out
     out = sh(*cmd, "--tested-every", "2")  # rounds 1 and 3 tested: v = 2, 4, reached by IIF in 2, never
@@ -233,8 +236,8 @@ def test_episode_returns_by_hand():
 
 
 def test_dropped_subcommand(tmp_path):
-    saved = iif_run(tmp_path, "cp", "--env-id", "CartPole-v1", "--save-rounds", "--min-agreement", "-1",
-                    "--total-timesteps", "512", *TINY)
+    saved = iif_run(tmp_path, "cp", "--env-id", "CartPole-v1", "--filter-method", "influence", "--save-rounds",
+                    "--min-agreement", "-1", "--total-timesteps", "512", *TINY)
     out = sh("analysis_variants.py", "dropped", "--run", saved)
     rows = [line.split(" | ") for line in out.splitlines() if re.match(r"\| \d", line)]
     metrics = analysis.read_metrics(os.path.join(saved, "metrics.csv"))

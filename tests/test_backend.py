@@ -194,8 +194,8 @@ class Corridor(gym.Env):
 
 
 gym.register("Corridor-v0", entry_point=Corridor, max_episode_steps=8)
-CORRIDOR = ["--env-id", "Corridor-v0", "--num-steps", "16", "--minibatch-size", "8", "--total-timesteps", "96",
-            "--eval-episodes", "3", "--learning-rate", "0.01"]
+CORRIDOR = ["--env-id", "Corridor-v0", "--filter-method", "influence", "--num-steps", "16", "--minibatch-size", "8",
+            "--total-timesteps", "96", "--eval-episodes", "3", "--learning-rate", "0.01"]
 
 
 class Killed(Exception):

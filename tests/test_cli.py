@@ -47,13 +47,17 @@ def read_metrics(tmp_path):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.parametrize("env_id", list(iif.PRESETS) + ["CartPole-v1", "Pendulum-v1"])
-def test_every_preset_runs_two_rounds(tmp_path, env_id):
-    proc = run(tmp_path, "--env-id", env_id, *SHORT)
+@pytest.mark.parametrize("env_id, flags", [(env_id, []) for env_id in iif.PRESETS] + [
+    ("CartPole-v1", []), ("Pendulum-v1", ["--filter-method", "influence"])])
+def test_every_preset_runs_two_rounds(tmp_path, env_id, flags):
+    proc = run(tmp_path, "--env-id", env_id, *SHORT, *flags)
     rows = read_metrics(tmp_path)
     assert [r["round"] for r in rows] == ["0", "1"] and rows[1]["global_step"] == "64"
     assert list(rows[0]) == iif.METRICS
     preset = iif.PRESETS.get(env_id, iif.DEFAULTS)
+    standard = env_id not in iif.PRESETS and not flags  # outside the paper: no filter unless asked
+    assert ("not a paper env: standard PPO" in proc.stderr) == standard
+    assert f"filter {'none' if standard else 'influence'} " in proc.stdout
     for r in rows:
         assert int(r["n_kept"]) + int(r["n_dropped"]) == int(r["n_records"]) == 32
         # a round whose target gradients disagree across the buffer's slices drops nothing
@@ -62,7 +66,8 @@ def test_every_preset_runs_two_rounds(tmp_path, env_id):
         else:  # the paper's envs filter every round, and do not compute the agreement
             p = preset["filter_p"]
             assert r["agreement"] == ""
-        assert int(r["n_dropped"]) == int(int(r["n_negative"]) * p)
+        assert int(r["n_dropped"]) == (0 if standard else int(int(r["n_negative"]) * p))
+        assert int(r["n_negative"]) > 0  # scored all the same
         assert int(r["n_updates"]) == 2 * (int(r["n_kept"]) // 16) > 0
         assert float(r["kl"]) > 0 and float(r["t_optim"]) > 0  # the update moved the policy
         assert all(r[k] != "" for k in (*iif.DIAGNOSTICS, "explained_var"))  # PPO's per-update numbers
@@ -288,7 +293,7 @@ def test_a_highway_env_id_outside_highway_star_runs_by_its_plain_id(tmp_path):
                "--minibatch-size", "16", "--total-timesteps", "32", "--eval-episodes", "1")
     assert "merge-v0 on gymnasium" in proc.stdout and len(read_metrics(tmp_path)) == 1
     args = iif.resolve_args(iif.Args(env_id="highway_env:merge-v0", runs_dir=str(tmp_path)))  # module:id
-    assert args.run_name.startswith("highway_env_merge-v0__influence__1__")
+    assert args.run_name.startswith("highway_env_merge-v0__none__1__")  # outside the paper: standard PPO
 
 
 class Forever(iif.gym.Env):
