@@ -5,7 +5,8 @@
 # its horizon of 10,000 episodes moves beta by at most 4 % over a run's 1,920 episodes, so each run's beta stays
 # within 4 % of the one it starts at. Every point runs on the builds of the two toy tasks made where it runs (a build on
 # another machine differs; ippo.sh's committed runs were made on another), whose summaries go to
-# results/frontier/builds.txt. Resumable, as ippo.sh. JOBS runs in parallel (default 2), a (task, beta) each.
+# results/frontier/builds.txt. Resumable, as ippo.sh. Seed by seed: every point's seed 2 runs before any seed 3, so
+# a sweep cut short has whole seeds. JOBS runs in parallel (default 2), a (task, beta) each.
 #   [BETAS_detox="..."] [BETAS_cot="..."] bash results/frontier.sh "1 2 3 4 5" "none influence i-ppo i-ppo-noreweight" "detox cot"
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,10 +23,12 @@ run() {  # task beta: every seed and label, seed by seed
     > results/frontier/$1-b$2.log 2>&1 && rm results/frontier/$1-b$2.log
 }
 export -f run
-export SEEDS="$seeds" LABELS="$labels"
+export LABELS="$labels"
 # the tasks, built here unless they are (as ippo.sh builds them), and a record of what was built
 [ -f results/rlhf_toy_task/eval_reward/config.json ] || python benchmarks/rlhf_toy_task.py --out results/rlhf_toy_task
 [ -f results/cot_addition_task/policy/config.json ] || python benchmarks/cot_addition_task.py --out results/cot_addition_task
 { sha256sum results/rlhf_toy_task/*/model.safetensors results/cot_addition_task/policy/model.safetensors
   cat results/cot_addition_task/build.json; echo; } > results/frontier/builds.txt
-printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -L 1 bash -c 'run "$@"' _
+for seed in $seeds; do
+  printf '%s\n' "${jobs[@]}" | SEEDS=$seed xargs -P "${JOBS:-2}" -L 1 bash -c 'run "$@"' _
+done
