@@ -123,6 +123,7 @@ def stage_table(envs):
     print("| env | rounds | seeds | comparison | area | final | SE_ave | KL ratio |")
     print("|---|---|---|---|---|---|---|---|")
     sources = [(env_id, ROUNDS[env_id], None) for env_id in envs] + [(e, n, "generic") for e, n in GENERIC.items()]
+    landing = []
     for env_id, n, kind in sources:
         if kind == "generic":  # results/generic/<recipe>/<env>__<method>__<seed>
             found = {}
@@ -134,7 +135,12 @@ def stage_table(envs):
         held = found.get("held", {})
         if not held:
             continue
-        ratio = np.median([r["kl"] / r["kl_standard"] for s in held for r in held[s][:n] if r["n_tries"] > 0])
+        tried = [r for s in held for r in held[s][:n] if r["n_tries"] > 0]  # rounds that dropped records
+        ratio = np.median([r["kl"] / r["kl_standard"] for r in tried])
+        landing.append(f"| {env_id} | {len(held)} | {np.mean([abs(r['kl'] / r['kl_standard'] - 1) <= 0.1 for r in tried]):.2f} "
+                       f"| {ratio:.2f} | {np.mean([r['n_tries'] for r in tried]):.1f} | "
+                       f"{np.median([r['lr_scale'] for r in tried]):.3f} | "
+                       f"{sum(r['t_hold'] for r in tried) / sum(r['t_optim'] for r in tried):.1f} |")
         for name, ref, other in [("held - standard", "none", "held"), ("held - IIF", "influence", "held"),
                                  ("held - IIF with the guard", "guard", "held"),
                                  ("IIF - standard", "none", "influence"),
@@ -144,6 +150,12 @@ def stage_table(envs):
                 continue
             print(f"| {env_id} | {n} | {len(c['seeds'])} | {name} | {cell(c['area'])} | {cell(c['final'])} | "
                   f"{cell(c['se_ave'], 100)} | {f'{ratio:.2f}' if other == 'held' else ''} |")
+    print("\nThe hold, over every held run's rounds that dropped records (unfinished runs too): the share that ended "
+          "within 10 % of standard PPO's KL, the median KL ratio, the updates tried a round, the median learning-"
+          "rate multiple kept, and the held step's extra seconds over the seconds of the update it kept\n")
+    print("| env | runs | within 10 % | KL ratio | tries | lr multiple | extra / update's seconds |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(landing))
 
 
 if __name__ == "__main__":
