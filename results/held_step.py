@@ -136,8 +136,9 @@ def stage_table(envs):
         if not held:
             continue
         tried = [r for s in held for r in held[s][:n] if r["n_tries"] > 0]  # rounds that dropped records
-        ratio = np.median([r["kl"] / r["kl_standard"] for r in tried])
-        landing.append(f"| {env_id} | {len(held)} | {np.mean([abs(r['kl'] / r['kl_standard'] - 1) <= 0.1 for r in tried]):.2f} "
+        ratios = np.array([r["kl"] / r["kl_standard"] for r in tried])
+        ratio = np.median(ratios)
+        landing.append(f"| {env_id} | {len(held)} | {np.mean(abs(ratios - 1) <= 0.1):.2f} "
                        f"| {ratio:.2f} | {np.mean([r['n_tries'] for r in tried]):.1f} | "
                        f"{np.median([r['lr_scale'] for r in tried]):.3f} | "
                        f"{sum(r['t_hold'] for r in tried) / sum(r['t_optim'] for r in tried):.1f} |")
