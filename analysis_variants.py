@@ -768,6 +768,8 @@ class Frontier:
     """rounds in the trailing means of the reward, the test metric and the KL"""
     resamples: int = 2000
     """bootstrap resamples of the seeds of every point"""
+    seeds: tuple[str, ...] = ()
+    """only these seeds (default: every seed run)"""
     out: str = "frontier.png"
     """PNG of the curves"""
 
@@ -829,7 +831,8 @@ def cmd_frontier(args):
     rng = np.random.default_rng(0)
     fig, axes = plt.subplots(len(args.env), 3, figsize=(15, 3.6 * len(args.env)), squeeze=False)
     for env, ax in zip(args.env, axes):
-        runs = load_runs(args.runs, env)
+        runs = {lb: {s: rows for s, rows in seeds.items() if not args.seeds or s in args.seeds}
+                for lb, seeds in load_runs(args.runs, env).items()}
         for lb, seeds in runs.items():  # a run still under way would read as a point at its last rounds
             unfinished = [s for s, rows in seeds.items() if len(rows) < planned_rounds(args.runs, env, lb, s, 0)]
             if unfinished:
