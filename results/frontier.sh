@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-"1 2 3 4 5"}; labels=${2:-"none influence i-ppo i-ppo-noreweight"}; tasks=${3:-"detox cot"}
-export BETAS_detox=${BETAS_detox:-"0.05 0.2 0.8 1.6"} BETAS_cot=${BETAS_cot:-"0.05 0.2 0.8 1.6"}
+export BETAS_detox=${BETAS_detox:-"0.05 0.2 0.8 1.6 3.2"} BETAS_cot=${BETAS_cot:-"0.05 0.2 0.8 1.6"}
 mkdir -p results/frontier/runs
 jobs=()
 for task in $tasks; do
