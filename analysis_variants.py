@@ -770,6 +770,9 @@ class Frontier:
     """bootstrap resamples of the seeds of every point"""
     seeds: tuple[str, ...] = ()
     """only these seeds (default: every seed run)"""
+    baseline: tuple[str, ...] = ("none",)
+    """the labels of the curves every other method is compared with (none: PPO; none-vf0.01: PPO with
+    VF_COEF=0.01)"""
     out: str = "frontier.png"
     """PNG of the curves"""
 
@@ -786,6 +789,12 @@ def frontier_points(runs, last, metrics):
     return points
 
 
+def frontier_name(method):
+    """IPPO_LABELS' name, with the value coefficient of a <label>-vf<coef> run"""
+    base, _, vf = method.partition("-vf")
+    return IPPO_LABELS[base] + (f", value coefficient {vf}" if vf else "")
+
+
 def at_kl(curve, kl):
     """The curve {beta: (KL, value)} read at kl, linearly in log KL between its two nearest points (nan outside
     its KLs)"""
@@ -795,11 +804,11 @@ def at_kl(curve, kl):
     return float(np.interp(np.log(kl), np.log(xs), ys))
 
 
-def equal_kl(points, method, metric, resamples, rng):
-    """method's points against PPO's curve at the same KL: per beta of method whose mean KL lies inside PPO's KLs,
-    the difference of the metric's mean from PPO's curve read there, and its 95 % bootstrap interval (each
-    point's seeds resampled, PPO's curve redrawn from its resampled points)"""
-    ppo, out = points["none"], []
+def equal_kl(points, method, metric, resamples, rng, baseline="none"):
+    """method's points against the baseline's curve at the same KL: per beta of method whose mean KL lies inside
+    the baseline's KLs, the difference of the metric's mean from the curve read there, and its 95 % bootstrap
+    interval (each point's seeds resampled, the curve redrawn from its resampled points)"""
+    ppo, out = points[baseline], []
     for beta, p in sorted(points[method].items()):
         def diff(take):
             curve = {b: (np.mean(take(q["kl"])), np.mean(take(q[metric]))) for b, q in ppo.items()}
@@ -813,14 +822,14 @@ def equal_kl(points, method, metric, resamples, rng):
     return out
 
 
-def verdict(rows, lower_is_better=False):
+def verdict(rows, lower_is_better=False, name="PPO"):
     """ahead / behind where every compared point's interval lies on one side of 0 (the better side: above 0, or
     below it for a metric where lower is better), else not shown"""
     if not rows:
         return "no KL in common"
     above, below = all(lo > 0 for *_, lo, _ in rows), all(hi < 0 for *_, hi in rows)
     if above or below:
-        return "ahead of PPO" if above != lower_is_better else "behind PPO"
+        return f"ahead of {name}" if above != lower_is_better else f"behind {name}"
     return "not shown"
 
 
@@ -852,40 +861,47 @@ def cmd_frontier(args):
         print("| method | beta | seeds | KL to the reference | " + " | ".join(names[m] for m in ["reward_mean", *tests])
               + " |")
         print("|---|---|---|---|" + "---|" * (1 + len(tests)))
-        methods = [m for m in IPPO_LABELS if m in points]
+        methods = sorted(points, key=lambda m: (list(IPPO_LABELS).index(m.partition("-vf")[0]), m))
         for m in methods:
             for beta, p in sorted(points[m].items()):
-                print(f"| {IPPO_LABELS[m]} | {beta:g} | {len(p['kl'])} | {analysis.fmt_ci(p['kl'], 1, '.2f')} | "
+                print(f"| {frontier_name(m)} | {beta:g} | {len(p['kl'])} | {analysis.fmt_ci(p['kl'], 1, '.2f')} | "
                       + " | ".join(analysis.fmt_ci(p[k], 1, ".3f") for k in ["reward_mean", *tests]) + " |")
-        print(f"\n{env}: each method minus PPO at the same KL (PPO's curve read at the method's mean KL, linearly "
-              f"in log KL between PPO's points; points outside PPO's KLs are left out), [95 % bootstrap interval, "
-              f"{args.resamples} resamples of every point's seeds]\n")
-        print("| method | beta | KL | " + " | ".join(names[m] for m in ["reward_mean", *tests]) + " |")
-        print("|---|---|---|" + "---|" * (1 + len(tests)))
-        verdicts = {}
-        for m in methods[1:] if methods[0] == "none" else methods:
-            if m == "none":
+        for base in args.baseline:
+            if base not in points:
+                print(f"\n{env}: no {base}-b<beta> runs to compare with")
                 continue
-            per_metric = {k: equal_kl(points, m, k, args.resamples, rng) for k in ["reward_mean", *tests]}
-            single = min(len(p["kl"]) for q in (points[m], points["none"]) for p in q.values()) < 2
-            verdicts[m] = {k: "no verdict: a point of one seed has no interval" if single and v else
-                           verdict(v, k in ("eval_toxicity", "eval_unfaithful")) for k, v in per_metric.items()}
-            for i, (beta, kl, *_) in enumerate(per_metric["reward_mean"]):
-                cells = [f"{v[i][2]:+.3f} [{v[i][3]:+.3f}, {v[i][4]:+.3f}]" for v in per_metric.values()]
-                print(f"| {IPPO_LABELS[m]} | {beta:g} | {kl:.2f} | " + " | ".join(cells) + " |")
-        print(f"\n{env}: verdicts at equal KL (ahead or behind: every compared point's interval on one side of 0; "
-              "ahead is higher reward and accuracy, lower toxicity and unfaithful share)\n")
-        print("| method | " + " | ".join(names[m] for m in ["reward_mean", *tests]) + " |")
-        print("|---|" + "---|" * (1 + len(tests)))
-        for m, v in verdicts.items():
-            print(f"| {IPPO_LABELS[m]} | " + " | ".join(v.values()) + " |")
+            name = frontier_name(base)
+            print(f"\n{env}: each method minus {name} at the same KL ({name}'s curve read at the method's mean KL, "
+                  f"linearly in log KL between its points; points outside its KLs are left out), [95 % bootstrap "
+                  f"interval, {args.resamples} resamples of every point's seeds]\n")
+            print("| method | beta | KL | " + " | ".join(names[m] for m in ["reward_mean", *tests]) + " |")
+            print("|---|---|---|" + "---|" * (1 + len(tests)))
+            verdicts = {}
+            for m in methods:
+                if m == base:
+                    continue
+                per_metric = {k: equal_kl(points, m, k, args.resamples, rng, base) for k in ["reward_mean", *tests]}
+                single = min(len(p["kl"]) for q in (points[m], points[base]) for p in q.values()) < 2
+                verdicts[m] = {k: "no verdict: a point of one seed has no interval" if single and v else
+                               verdict(v, k in ("eval_toxicity", "eval_unfaithful"), name)
+                               for k, v in per_metric.items()}
+                for i, (beta, kl, *_) in enumerate(per_metric["reward_mean"]):
+                    cells = [f"{v[i][2]:+.3f} [{v[i][3]:+.3f}, {v[i][4]:+.3f}]" for v in per_metric.values()]
+                    print(f"| {frontier_name(m)} | {beta:g} | {kl:.2f} | " + " | ".join(cells) + " |")
+            print(f"\n{env}: verdicts against {name} at equal KL (ahead or behind: every compared point's interval on "
+                  "one side of 0; ahead is higher reward and accuracy, lower toxicity and unfaithful share)\n")
+            print("| method | " + " | ".join(names[m] for m in ["reward_mean", *tests]) + " |")
+            print("|---|" + "---|" * (1 + len(tests)))
+            for m, v in verdicts.items():
+                print(f"| {frontier_name(m)} | " + " | ".join(v.values()) + " |")
         for a, metric in zip(ax, ["reward_mean", *tests]):
             for m in methods:
                 pts = sorted(points[m].items())
                 kl = np.array([np.mean(p["kl"]) for _, p in pts])
                 y = np.array([np.mean(p[metric]) for _, p in pts])
                 a.errorbar(kl, y, xerr=[np.std(p["kl"]) for _, p in pts], yerr=[np.std(p[metric]) for _, p in pts],
-                           color=IPPO_COLORS[m], marker="o", markersize=3, capsize=2, label=IPPO_LABELS[m])
+                           color=IPPO_COLORS[m.partition("-vf")[0]], linestyle="--" if "-vf" in m else "-",
+                           marker="o", markersize=3, capsize=2, label=frontier_name(m))
                 for (beta, _), x, yy in zip(pts, kl, y):
                     a.annotate(f"{beta:g}", (x, yy), fontsize=6, xytext=(2, 2), textcoords="offset points")
             a.set(xscale="log", xlabel="final KL to the reference", title=f"{env}: {names[metric]}")

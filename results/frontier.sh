@@ -6,8 +6,10 @@
 # within 4 % of the one it starts at. Every point runs on the builds of the two toy tasks made where it runs (a build on
 # another machine differs; ippo.sh's committed runs were made on another), whose summaries go to
 # results/frontier/builds.txt. Resumable, as ippo.sh. Seed by seed: every point's seed 2 runs before any seed 3, so
-# a sweep cut short has whole seeds. JOBS runs in parallel (default 2), a (task, beta) each.
-#   [BETAS_detox="..."] [BETAS_cot="..."] bash results/frontier.sh "1 2 3 4 5" "none influence i-ppo i-ppo-noreweight" "detox cot"
+# a sweep cut short has whole seeds. JOBS runs in parallel (default 2), a (task, beta) each. VF_COEF sets the value
+# loss's coefficient (default 0.1, TRL's; its runs are named <label>-vf<VF_COEF>-b<beta> when set):
+#   VF_COEF=0.01 bash results/frontier.sh "1 2 3 4 5" none detox   # PPO whose KL follows beta (docs/ippo.md)
+#   [BETAS_detox="..."] [BETAS_cot="..."] [VF_COEF=...] bash results/frontier.sh "1 2 3 4 5" "none influence i-ppo i-ppo-noreweight" "detox cot"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-"1 2 3 4 5"}; labels=${2:-"none influence i-ppo i-ppo-noreweight"}; tasks=${3:-"detox cot"}
@@ -19,8 +21,9 @@ for task in $tasks; do
   for beta in ${!betas}; do jobs+=("$task $beta"); done
 done
 run() {  # task beta: every seed and label, seed by seed
-  BETA=$2 RUNS=results/frontier/runs TAG=-b$2 bash results/ippo.sh "$SEEDS" "$LABELS" "$1" \
-    > results/frontier/$1-b$2.log 2>&1 && rm results/frontier/$1-b$2.log
+  local tag=${VF_COEF:+-vf$VF_COEF}-b$2
+  local log=results/frontier/$1$tag.$$.log
+  BETA=$2 RUNS=results/frontier/runs TAG=$tag bash results/ippo.sh "$SEEDS" "$LABELS" "$1" > $log 2>&1 && rm $log
 }
 export -f run
 export LABELS="$labels"

@@ -305,6 +305,16 @@ def test_frontier_compares_each_method_with_ppo_at_equal_kl(tmp_path):
              "--resamples", "50", "--out", str(tmp_path / "f.png"))
     assert "| I-PPO, no reweighting | no verdict: a point of one seed has no interval | no verdict" in out
     assert (tmp_path / "f.png").stat().st_size > 0
+    for seed in (1, 2):  # a second PPO curve (VF_COEF=0.01) whose KLs take in I-PPO's
+        write("none-vf0.01", 3.2, seed, 0.25, 0.0, 0.3)
+        write("none-vf0.01", 0.8, seed, 1.0, 0.4, 0.3)
+    out = sh("analysis_variants.py", "frontier", "--runs", str(tmp_path), "--env", "ippo-detox", "--last", "2",
+             "--resamples", "50", "--baseline", "none", "none-vf0.01", "--out", str(tmp_path / "f.png"))
+    assert "| PPO, value coefficient 0.01 | 0.8 | 2 | 1.00 [1.00, 1.00] |" in out
+    assert "| I-PPO | no KL in common | no KL in common |" in out  # against PPO
+    # against the second curve, read halfway in log KL at 0.5: reward 0.2, toxicity 0.3
+    assert "| I-PPO | 0.2 | 0.50 | -0.100 [-0.100, -0.100] | -0.100 [-0.100, -0.100] |" in out
+    assert ("| I-PPO | behind PPO, value coefficient 0.01 | ahead of PPO, value coefficient 0.01 |") in out
 
 
 @pytest.fixture
