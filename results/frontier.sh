@@ -8,7 +8,7 @@
 # results/frontier/builds.txt. Resumable, as ippo.sh. Seed by seed: every point's seed 2 runs before any seed 3, so
 # a sweep cut short has whole seeds. JOBS runs in parallel (default 2), a (task, beta) each. VF_COEF sets the value
 # loss's coefficient (default 0.1, TRL's; its runs are named <label>-vf<VF_COEF>-b<beta> when set):
-#   VF_COEF=0.01 bash results/frontier.sh "1 2 3 4 5" none detox   # PPO whose KL follows beta (docs/ippo.md)
+#   VF_COEF=0.01 bash results/frontier.sh "1 2 3 4 5" "none influence i-ppo i-ppo-noreweight" detox   # docs/ippo.md
 #   [BETAS_detox="..."] [BETAS_cot="..."] [VF_COEF=...] bash results/frontier.sh "1 2 3 4 5" "none influence i-ppo i-ppo-noreweight" "detox cot"
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -13,7 +13,8 @@ cd "$(dirname "$0")/.."
 seeds=${1:-"1 2 3 4 5"}; labels=${2:-"sft none influence i-ppo i-ppo-noreweight i-ppo-v16"}; tasks=${3:-"detox cot"}
 detox=results/rlhf_toy_task; cot=results/cot_addition_task
 runs=${RUNS:-results/runs}
-common=(--batch-size 64 --learning-rate 3e-4 --init-kl-coef "${BETA:-0.2}" --vf-coef "${VF_COEF:-0.1}" --rounds 30 --threads 1 --eval-samples 200)
+common=(--batch-size 64 --learning-rate 3e-4 --init-kl-coef "${BETA:-0.2}" --vf-coef "${VF_COEF:-0.1}" --rounds 30
+        --threads 1 --eval-samples 200)
 for task in $tasks; do
   case $task in
     detox) [ -f $detox/eval_reward/config.json ] || python benchmarks/rlhf_toy_task.py --out $detox
