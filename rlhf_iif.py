@@ -485,19 +485,10 @@ def filter_records(scores, method, p, gen):
 
 
 # ---- Stage III of Alg. 1: PPO on the kept episodes; and the test toxicity (App. B.3) ----
-def make_optimizer(policy, args, device):
-    """Adam on what trains; on CUDA fused (one kernel for every tensor) and, with --compile,
-    capturable (its step count on the device, as a CUDA graph needs; the rate, constant, a float)"""
-    cuda = device.type == "cuda"
-    return torch.optim.Adam([p for p in policy.parameters() if p.requires_grad],
-                            lr=args.learning_rate, fused=cuda or None,
-                            capturable=cuda and args.compile)
-
-
 def adam_step(policy, optimizer, args):
     """The optimizer step of Stage III: step(b, mb, w) takes one Adam step on minibatch mb of b,
     whose loss is the mean over its episodes of w_i x l_i, and returns that loss and the
-    minibatch's weighted DIAGNOSTICS, on the device. (--compile passes CompiledStep instead.)"""
+    minibatch's weighted DIAGNOSTICS, on the device"""
     def step(b, mb, w):
         parts = {}
         loss = (ppo_losses(policy, b, mb, args, parts=parts) * w).mean()
@@ -645,7 +636,7 @@ def generation_rows(lm, n, length, device):
     return int(max(1, min(n, torch.cuda.mem_get_info(device)[0] // 2 // row)))
 
 
-# ---- Plumbing: loading the models and data, with errors that name the flag ----
+# ---- Plumbing: loading the models and data, with errors that name the flag; the optimizer ----
 def fail(msg):
     raise SystemExit(f"{os.path.basename(sys.argv[0])}: error: {msg}")
 
@@ -718,6 +709,15 @@ def load_classifier(flag, name, label_flag, label, device):
         fail(f"{label_flag} {label!r} is not a label of {flag} {name!r}; its labels are "
              f"{sorted(labels)}")
     return model, tok, labels[label]
+
+
+def make_optimizer(policy, args, device):
+    """Adam on what trains; on CUDA fused (one kernel for every tensor) and, with --compile,
+    capturable (its step count on the device, as a CUDA graph needs; the rate, constant, a float)"""
+    cuda = device.type == "cuda"
+    return torch.optim.Adam([p for p in policy.parameters() if p.requires_grad],
+                            lr=args.learning_rate, fused=cuda or None,
+                            capturable=cuda and args.compile)
 
 
 # ---- Plumbing: the flags, the run folder and timing ----
