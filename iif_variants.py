@@ -79,10 +79,14 @@ class Args(iif.Args):
     """SB3's early stop: end a round's update once a minibatch's KL(pi_theta(k) || pi_theta) passes
     1.5 x this; 0: off (the paper, the released code)"""
     hold_step: Literal["none", "exact", "grad-norm"] = "none"
-    """IIF held to standard PPO's step: each round, standard PPO's update from theta(k) on a copy
-    gives its KL on B(k) (kl_standard); IIF's update then runs at the learning rate whose KL lands
-    within 10 % of it (exact: rescaled and rerun, at most 6 tries a round), or at the rate scaled
-    by |sum of all records' gradients| / |sum of the kept ones'| (grad-norm: one update)"""
+    """the round's update held to another update's step: each round, the --hold-to update from
+    theta(k) on a copy gives its KL on B(k) (kl_ref); the update on the records --filter-method
+    keeps then runs with the policy's learning rate scaled until its KL lands within 10 % of it
+    (exact: each try from theta(k)'s own state, at most 6 tries a round), or scaled by |sum of all
+    records' gradients| / |sum of the kept ones'| (grad-norm: one update). The critic keeps its rate"""
+    hold_to: Literal["standard", "influence"] = "standard"
+    """--hold-step's reference update: standard PPO's on all of B(k), or IIF's on the records
+    influence keeps (with --filter-method none: standard PPO lifted to IIF's step)"""
 
     # Long runs
     resume: bool = False
@@ -260,57 +264,71 @@ def slice_of(b, idx):
 HOLD_TOLERANCE, HOLD_TRIES = 0.1, 6  # --hold-step exact: |KL / standard's - 1| <= 0.1, 6 tries
 
 
-def held_update(agent, optimizer, b, kept, args, rng, scale):
-    """--hold-step: IIF's update (Stage III on the kept records) held to the KL on B(k) that
-    standard PPO's update takes from theta(k). The learning rate is rescaled rather than the update
-    stopped early, so the update keeps its epochs and shape. exact: from scale (the last round's),
-    each try reruns the update from theta(k) at lr x scale, the next scale from the tries so far
-    (log KL is near linear in log lr: KL ~ lr^2 for small steps); the try nearest standard's KL
-    stays. Returns (n_updates, the held step's record: kl_standard, lr_scale, n_tries)."""
-    every = torch.arange(len(kept))
-    if kept.all():  # nothing dropped: the update is standard PPO's
-        n_updates, _ = ppo_update(agent, optimizer, b, every, args, rng)
-        return n_updates, dict(kl_standard=approx_kl(agent, b), lr_scale=1.0, n_tries=0)
-
-    def state():
-        return [copy.deepcopy(x.state_dict()) for x in (agent, optimizer)] + [rng.bit_generator.state]
+def held_update(agent, optimizer, b, kept, ref_kept, args, rng, scale, sample_p=None):
+    """--hold-step: the update on the kept records held to the KL on B(k) that the reference update
+    (on ref_kept, from theta(k)) takes. The policy's learning rate is rescaled rather than the
+    update stopped early, so the update keeps its epochs and shape; the critic's is not (group 1 of
+    held_optimizer). exact: from scale (the last round's), each try reruns the update from theta(k)'s
+    own state at lr x scale, the next scale from the tries so far (log KL is near linear in log lr:
+    KL ~ lr^2 for small steps); the try nearest the reference's KL stays. Returns (n_updates, the
+    held step's record: kl_ref, lr_scale, n_tries)."""
+    def state():  # copies: a restored optimizer must not share Adam's moments with the saved start
+        return [copy.deepcopy(x.state_dict()) for x in (agent, optimizer)] + [
+            copy.deepcopy(rng.bit_generator.state), torch.get_rng_state()]
 
     def restore(s):
         agent.load_state_dict(s[0])
-        optimizer.load_state_dict(s[1])
-        rng.bit_generator.state = s[2]
+        optimizer.load_state_dict(copy.deepcopy(s[1]))
+        rng.bit_generator.state = copy.deepcopy(s[2])
+        torch.set_rng_state(s[3])
     start = state()
-    with timed("t_hold", inside="t_optim"):  # standard PPO's update on a copy of the generator, undone
-        ppo_update(agent, optimizer, b, every, args, copy.deepcopy(rng))
-        kl_std = approx_kl(agent, b)
+    with timed("t_hold", inside="t_optim"):  # the reference update on a copy of the generator, undone
+        ref_rng = copy.deepcopy(rng)
+        n_ref, _ = ppo_update(agent, optimizer, b, torch.nonzero(ref_kept)[:, 0], args, ref_rng)
+        kl_ref = approx_kl(agent, b)
+    if torch.equal(kept, ref_kept) and sample_p is None:  # nothing to hold: the reference is the update
+        seconds["t_optim"], seconds["t_hold"] = seconds["t_optim"] + seconds["t_hold"], 0.0
+        rng.bit_generator.state = ref_rng.bit_generator.state
+        return n_ref, dict(kl_ref=kl_ref, lr_scale=1.0, n_tries=0)
+    with timed("t_hold", inside="t_optim"):
         restore(start)
         if args.hold_step == "grad-norm":
-            scale = grad_sum_ratio(agent, b, kept, args)
-    tries, best = [], None  # tries: (scale, KL, seconds); best: (miss, its index, its end state)
+            scale = grad_sum_ratio(agent, b, kept, ref_kept, args)
+    tries, best = [], None  # tries: (scale, KL, seconds); best: (miss, its index, its end state, ...)
     for _ in range(HOLD_TRIES if args.hold_step == "exact" else 1):
         t0 = time.perf_counter()
         restore(start)
-        for group in optimizer.param_groups:
-            group["lr"] = args.learning_rate * scale
-        n_updates, _ = ppo_update(agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng)
+        optimizer.param_groups[0]["lr"] = args.learning_rate * scale  # the policy's group only
+        n_updates, _ = ppo_update(agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng,
+                                  sample_p=sample_p)
         kl = approx_kl(agent, b)
         tries.append((scale, kl, time.perf_counter() - t0))
-        miss = abs(math.log(kl / kl_std)) if kl > 0 and kl_std > 0 else math.inf
+        miss = abs(math.log(kl / kl_ref)) if kl > 0 and kl_ref > 0 else math.inf
         if best is None or miss < best[0]:
             best = (miss, len(tries) - 1, state(), n_updates, dict(diagnostics))
-        if n_updates == 0 or kl_std <= 0 or abs(kl / kl_std - 1) <= HOLD_TOLERANCE:
+        if n_updates == 0 or kl_ref <= 0 or abs(kl / kl_ref - 1) <= HOLD_TOLERANCE:
             break
-        scale = next_scale(tries, kl_std)
+        scale = next_scale(tries, kl_ref)
     _, i, end, n_updates, diagnostics_of_best = best
     restore(end)
     diagnostics.update(diagnostics_of_best)
-    for group in optimizer.param_groups:
-        group["lr"] = args.learning_rate
+    optimizer.param_groups[0]["lr"] = args.learning_rate
     for j, (_, _, t) in enumerate(tries):  # the tries not kept are the held step's cost
         if j != i:
             seconds["t_hold"] += t
             seconds["t_optim"] -= t
-    return n_updates, dict(kl_standard=kl_std, lr_scale=tries[i][0], n_tries=len(tries))
+    return n_updates, dict(kl_ref=kl_ref, lr_scale=tries[i][0], n_tries=len(tries))
+
+
+def held_optimizer(agent, args):
+    """--hold-step's optimizer: iif.make_optimizer's, in two parameter groups, so that the hold
+    scales the policy's rate (group 0) and not the critic's (group 1). A CNN shared by both (image
+    envs) goes with the policy: the hold is on the policy's KL, which the CNN's step moves. Each
+    parameter is updated as in one group (tests/test_held_step.py: bit for bit)."""
+    opt = make_optimizer(agent, args)
+    critic = list(agent.critic.parameters())
+    policy = [p for p in agent.parameters() if all(p is not c for c in critic)]
+    return type(opt)([dict(params=policy), dict(params=critic)], **opt.defaults)
 
 
 def next_scale(tries, kl_target):
@@ -326,12 +344,12 @@ def next_scale(tries, kl_target):
     return s1 * math.exp(math.log(kl_target / k1) / slope)
 
 
-def grad_sum_ratio(agent, b, kept, args):
+def grad_sum_ratio(agent, b, kept, ref_kept, args):
     """--hold-step grad-norm's multiple: an update moves theta by about lr x the sum of its
-    records' policy gradients, so at |sum over B(k)| / |sum over the kept records| (at theta(k),
-    A_hat normalised over the records trained on) the two updates move about as far"""
+    records' policy gradients, so at |sum over the reference's records| / |sum over the kept ones|
+    (at theta(k), A_hat normalised over the records trained on) the two updates move about as far"""
     norms = []
-    for idx in (torch.arange(len(kept)), torch.nonzero(kept)[:, 0]):
+    for idx in (torch.nonzero(ref_kept)[:, 0], torch.nonzero(kept)[:, 0]):
         loss = ppo_losses(agent, b, idx, args, adv=normalize(b["advantages"][idx]), vf_coef=0.0)
         grads = torch.autograd.grad(loss.sum(), list(agent.parameters()), allow_unused=True)
         norms.append(math.sqrt(sum(float((g ** 2).sum()) for g in grads if g is not None)))
@@ -421,7 +439,7 @@ def main(args):
     envs = make_vec(args, args.num_envs)
     eval_envs = make_vec(args, min(args.eval_envs, args.eval_episodes))
     agent = Agent(envs.single_observation_space, envs.single_action_space)
-    optimizer = make_optimizer(agent, args)
+    optimizer = make_optimizer(agent, args) if args.hold_step == "none" else held_optimizer(agent, args)
     run = Run(args, agent, optimizer, rng, gen)  # the run folder; --resume restores its last round
     next_obs, _ = envs.reset(seed=args.seed + 100_000 * run.start)  # a resumed run: new episodes
     ep_ret = np.zeros(args.num_envs)
@@ -456,8 +474,12 @@ def main(args):
                 theta_k = {key: v.clone() for key, v in agent.state_dict().items()}
             held = {}
             with timed("t_optim"):
-                if args.hold_step != "none":  # held to standard PPO's step from theta(k)
-                    n_updates, held = held_update(agent, optimizer, b, kept, args, rng, run.scale)
+                if args.hold_step != "none":  # held to the reference update's step from theta(k)
+                    ref_kept = all_records >= 0
+                    if args.hold_to == "influence":
+                        ref_kept, _ = filter_records(scores, "influence", p, gen, args.filter_ties)
+                    n_updates, held = held_update(agent, optimizer, b, kept, ref_kept, args, rng,
+                                                  run.scale, sample_p)
                     tracin = None
                     if held["n_tries"]:  # the next round starts from this round's multiple
                         run.scale = held["lr_scale"]
@@ -503,10 +525,15 @@ def resolve_args(args):
     if args.influence_precond == "adam" and args.optimizer != "adam":
         fail(f"--influence-precond adam scores the steps Adam takes; --optimizer is "
              f"{args.optimizer} (use --influence-precond none)")
-    if args.hold_step != "none" and (args.filter_method == "none" or args.influence_mode == "tracin"
-                                     or args.target_kl > 0):
-        fail(f"--hold-step {args.hold_step} holds a filtered update to standard PPO's step: it needs "
-             "a --filter-method other than none, and neither --influence-mode tracin nor --target-kl")
+    if args.hold_step != "none" and (args.influence_mode == "tracin" or args.target_kl > 0):
+        fail(f"--hold-step {args.hold_step} sets the step by the learning rate: it takes neither "
+             "--influence-mode tracin nor --target-kl")
+    if args.hold_step == "grad-norm" and args.hold_to != "standard":
+        fail("--hold-step grad-norm holds to standard PPO's step only: use --hold-step exact with "
+             f"--hold-to {args.hold_to}")
+    if args.hold_to != "standard" and args.hold_step == "none":
+        fail(f"--hold-to {args.hold_to} names the update that --hold-step holds to: add --hold-step "
+             "exact")
     if args.influence_mode == "tracin" and not args.save_rounds:
         fail("--influence-mode tracin writes its scores into the round files: add --save-rounds")
     if args.eval_envs is None:
@@ -547,15 +574,15 @@ def parse_values(flag, text):
 
 
 # ---- The run folder (config.json, metrics.csv, round files, --resume) and timing ----
-# --hold-step's columns of metrics.csv: standard PPO's KL on B(k) from theta(k), the learning-rate
-# multiple IIF's update took, its tries, and the seconds of the held step's extra work
-HOLD_COLUMNS = ["kl_standard", "lr_scale", "n_tries", "t_hold"]
+# --hold-step's columns of metrics.csv: the reference update's KL on B(k) from theta(k), the policy's
+# learning-rate multiple the round's update took, its tries, and the seconds of the held step's extra work
+HOLD_COLUMNS = ["kl_ref", "lr_scale", "n_tries", "t_hold"]
 # flags a resumed run may change, and the values resolve_args derives from the others
 NOT_COMPARED = ("resume", "threads", "runs_dir", "batch_size", "num_rounds", "env_kwargs",
                 "target_obs", "target_act")
 # flags newer than some saved runs: a config.json without them was made with them off
 ADDED_FLAGS = dict(min_agreement=-1.0, influence_precond="none", target_kl=0.0, score_log_std=True,
-                   reseed_rounds=False, hold_step="none")
+                   reseed_rounds=False, hold_step="none", hold_to="standard")
 
 
 class Run:
@@ -616,8 +643,8 @@ class Run:
             train = f"{row['train_return']:.3f}"
         agree = "" if row["agreement"] is None else f" agree {row['agreement']:+.2f}"
         held = ""
-        if "kl_standard" in row:
-            held = (f" | kl {row['kl']:.2g}, standard's {row['kl_standard']:.2g} at lr x "
+        if "kl_ref" in row:
+            held = (f" | kl {row['kl']:.2g}, {a.hold_to}'s {row['kl_ref']:.2g} at lr x "
                     f"{row['lr_scale']:.2f} ({row['n_tries']} tries)")
         print(f"round {k} [{k + 1}/{a.num_rounds}] step {row['global_step']} "
               f"| train {train} test {test} "

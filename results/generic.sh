@@ -22,7 +22,6 @@ flags() {  # recipe -> iif_variants.py flags, every one set explicitly (the runs
     no-log-std) echo "$base --min-agreement -1 --no-score-log-std" ;;  # continuous actions only
     clip) echo "$base --min-agreement -1 --max-grad-norm 0.5" ;;
     target-kl) echo "$base --min-agreement -1 --target-kl 0.02" ;;
-    held) echo "$base --min-agreement -1 --hold-step exact" ;;  # every round filtered, held to standard's step
   esac
 }
 budget() {  # env -> its training steps and test episodes
@@ -48,7 +47,6 @@ for s in $SEEDS; do for recipe in $recipes; do for env in $ENVS; do  # seed by s
   case $recipe in
     base|clip|target-kl) jobs+=("$recipe $env none $s" "$recipe $env influence $s"); later+=("$recipe $env random $s") ;;
     guard*|p0.125) jobs+=("$recipe $env influence $s"); later+=("$recipe $env random $s") ;;  # random drops as many
-    held) jobs+=("$recipe $env influence $s") ;;
     *) jobs+=("$recipe $env influence $s") ;;
   esac
   case $recipe in  # standard PPO of a recipe that changes only what is dropped: the base recipe's

@@ -1,19 +1,26 @@
-"""IIF held to standard PPO's step (iif_variants.py --hold-step exact): does IIF still gain when every round moves
-the policy as far as standard PPO's round from the same theta(k) on the same buffer? The converse of
-results/step_control.py (standard PPO at IIF's step); docs/results.md, "IIF at standard PPO's step".
+"""The step and the choice of records, apart (docs/results.md, "IIF at standard PPO's step"). Each round of IIF moves
+the policy further than standard PPO's round from the same theta(k) on the same buffer. Holding the step
+(iif_variants.py --hold-step exact: the policy's learning rate rescaled until the update's KL on B(k) lands within
+10 % of a reference update's, every try from theta(k)'s own state, the critic at its own rate) gives the 2 x 2 of
+records (chosen by influence, or all) and step (IIF's, or standard's), and the control for the hold itself:
 
-    python results/held_step.py runs          # held-step IIF on the six presets, the Fig. 6(b) protocol of
-                                              # results/step-control (5 seeds; BipedalWalker 3 seeds,
-                                              # its first 100 rounds), and standard PPO
-                                              # and IIF for seeds 4-5 where step-control has 3
-    python results/held_step.py proxy --envs FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 \
-        > results/held-step/proxy.md          # --hold-step grad-norm against exact: 20 rounds, seed 1, no tests
-    python results/held_step.py table         # the table, from the runs (results/held-step/table.md)
+    standard     all records, standard's step     --filter-method none
+    influence    chosen records, IIF's step       --filter-method influence (IIF)
+    held         chosen records, standard's step  --filter-method influence --hold-step exact
+    held-random  as many dropped at random, held  --filter-method random --hold-step exact
+    lifted       all records, IIF's step          --filter-method none --hold-step exact --hold-to influence
+    random       as many dropped at random        --filter-method random (Fig. 6(b)'s control, unheld)
 
-The outside environments' runs (CartPole-v1, MiniGrid-DoorKey-5x5-v0) are results/generic.sh's recipe held,
-beside its base and guard recipes; the table reads them too. Every stage skips finished runs and resumes
-unfinished ones (iif_variants.py --resume); --envs and --seeds narrow a stage. Runs:
-results/held-step/{runs,proxy}/<env>__<label>__<seed>/; standard PPO and IIF of step-control are linked.
+Held IIF against held random: does choosing the records help at an equal step? Lifted standard against IIF: does
+the step explain IIF's gain? Every arm runs at the paper's test protocol (its preset's test episodes; envpool where
+ported), so standard PPO and IIF are run again beside the held arms.
+
+    python results/held_step.py runs          # seed by seed: standard, IIF, held, held random; then lifted, random
+    python results/held_step.py table > results/held-step/table.md
+    python results/held_step.py proxy > results/held-step/proxy.md   # --hold-step grad-norm against exact
+
+Every stage skips finished runs and resumes unfinished ones (iif_variants.py --resume); --envs, --seeds and --arms
+narrow a stage. Runs: results/held-step/runs/<env>__<arm>__<seed>/.
 """
 import argparse
 import math
@@ -25,52 +32,59 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "results"))
-from step_control import ENVS, FULL, PILOT_ROUNDS, run  # noqa: E402
+from step_control import run  # noqa: E402
 
 OUT = os.path.join(ROOT, "results", "held-step")
-STEP_CONTROL = os.path.join(ROOT, "results", "step-control", "runs")
-SEEDS = {env_id: 3 if env_id == "BipedalWalker-v3" else 5 for env_id in ENVS}
-# BipedalWalker's held-step runs: the first 100 rounds of the 250 compared (tested every 2nd), as their cost allows
-ROUNDS = {env_id: 100 if env_id == "BipedalWalker-v3" else ENVS[env_id][2] for env_id in ENVS}
-HELD = ["--filter-method", "influence", "--hold-step", "exact"]
-# the environments outside the paper: results/generic/<recipe>/, the generic defaults (Adam 3e-4, p 0.5)
-GENERIC = {"CartPole-v1": 30, "MiniGrid-DoorKey-5x5-v0": 30}  # rounds compared
-GENERIC_LABELS = {"none": ("base", "none"), "influence": ("base", "influence"), "guard": ("guard", "influence"),
-                  "held": ("held", "influence")}
+GENERIC = ["--optimizer", "adam", "--learning-rate", "3e-4", "--max-grad-norm", "0", "--filter-p", "0.5",
+           "--min-agreement", "-1", "--total-timesteps", "61440", "--eval-episodes", "50"]  # results/generic.sh's base
+# env: (seeds, rounds compared, flags beyond its preset's). BipedalWalker: its first 100 rounds, tested every 2nd,
+# as the cost allows; CartPole and DoorKey: the generic defaults with --filter-method influence (outside the paper)
+ENVS = {
+    "FrozenLake-v1": (5, 50, []),
+    "Acrobot-v1": (5, 50, []),
+    "MiniGrid-Empty-8x8-v0": (5, 40, []),
+    "highway-v0": (5, 100, []),
+    "LunarLander-v3": (5, 150, []),
+    "BipedalWalker-v3": (3, 100, ["--eval-every", "2", "--total-timesteps", "204800"]),
+    "CartPole-v1": (5, 30, GENERIC),
+    "MiniGrid-DoorKey-5x5-v0": (5, 30, GENERIC),
+}
+ARMS = {
+    "standard": ["--filter-method", "none"],
+    "influence": ["--filter-method", "influence"],
+    "held": ["--filter-method", "influence", "--hold-step", "exact"],
+    "held-random": ["--filter-method", "random", "--hold-step", "exact"],
+    "lifted": ["--filter-method", "none", "--hold-step", "exact", "--hold-to", "influence"],
+    "random": ["--filter-method", "random"],  # Fig. 6(b)'s third method, at the paper's test protocol too
+}
+FIRST = ["standard", "influence", "held", "held-random"]  # they answer the main question; lifted after
+# the table's rows: (name, baseline arm, compared arm)
+ROWS = [("held IIF - held random", "held-random", "held"), ("held IIF - standard", "standard", "held"),
+        ("held random - standard", "standard", "held-random"), ("IIF - standard", "standard", "influence"),
+        ("IIF - lifted standard", "lifted", "influence"), ("lifted standard - standard", "standard", "lifted"),
+        ("random - standard", "standard", "random")]
 
 
-def stage_runs(envs, seeds):
+def stage_runs(envs, seeds, arms):
     runs = os.path.join(OUT, "runs")
-    os.makedirs(runs, exist_ok=True)
-    for env_id in envs:  # step-control's standard PPO and IIF, as links
-        for label in ("none", "influence"):
-            for s in range(1, ENVS[env_id][1] + 1):
-                link = os.path.join(runs, f"{env_id}__{label}__{s}")
-                if not os.path.islink(link):
-                    os.symlink(os.path.relpath(os.path.realpath(os.path.join(STEP_CONTROL, f"{env_id}__{label}__{s}")),
-                                               runs), link)
-    for s in seeds:
-        for env_id in envs:
-            if s > SEEDS[env_id]:
-                continue
-            flags = [*ENVS[env_id][0], *FULL.get(env_id, [])]
-            held_budget = ["--total-timesteps", str(2048 * ROUNDS[env_id])] if env_id in FULL else []
-            run(runs, env_id, "held", s, [*flags, *held_budget, *HELD])
-            for label in ("none", "influence"):  # seeds step-control lacks
-                if s > ENVS[env_id][1]:
-                    run(runs, env_id, label, s, [*flags, "--filter-method", label])
+    for group in ([a for a in FIRST if a in arms], [a for a in arms if a not in FIRST]):
+        for s in seeds:
+            for env_id in envs:
+                n_seeds, _, flags = ENVS[env_id]
+                for arm in group:
+                    if s <= n_seeds:
+                        run(runs, env_id, arm, s, [*flags, *ARMS[arm]])
 
 
 def stage_proxy(envs):
-    proxy = os.path.join(OUT, "proxy")
+    import analysis
+    proxy, rounds = os.path.join(OUT, "proxy"), 20
     for env_id in envs:
         for mode in ("exact", "grad-norm"):  # no tests: they would draw from the training's random stream
-            run(proxy, env_id, mode, 1, [*ENVS[env_id][0], "--total-timesteps", str(2048 * PILOT_ROUNDS),
-                                         "--eval-every", str(10 * PILOT_ROUNDS), "--filter-method", "influence",
-                                         "--hold-step", mode])
-    import analysis
-    print(f"--hold-step grad-norm against exact: seed 1, the first {PILOT_ROUNDS} rounds without tests; KL of IIF's "
-          "update over standard PPO's from the same theta(k) (median [10th, 90th percentile] over rounds), the "
+            run(proxy, env_id, mode, 1, [*ENVS[env_id][2], "--total-timesteps", str(2048 * rounds), "--eval-every",
+                                         str(10 * rounds), "--filter-method", "influence", "--hold-step", mode])
+    print(f"--hold-step grad-norm against exact: seed 1, the first {rounds} rounds without tests; KL of IIF's update "
+          "over standard PPO's from the same theta(k) (median [10th, 90th percentile] over rounds), the policy's "
           "learning-rate multiple, the updates tried a round, and the held step's extra seconds over the IIF "
           "update's\n")
     print("| env | mode | KL / standard's | lr multiple | tries a round | extra / IIF update's seconds |")
@@ -81,20 +95,21 @@ def stage_proxy(envs):
             if not os.path.exists(path):
                 continue
             rows = [r for r in analysis.read_metrics(path) if r["n_tries"] > 0]  # rounds that dropped records
-            ratio = [r["kl"] / r["kl_standard"] for r in rows]
+            ratio = [r["kl"] / r["kl_ref"] for r in rows]
             print(f"| {env_id} | {mode} | {np.median(ratio):.2f} [{np.percentile(ratio, 10):.2f}, "
                   f"{np.percentile(ratio, 90):.2f}] | {np.median([r['lr_scale'] for r in rows]):.2g} | "
                   f"{np.mean([r['n_tries'] for r in rows]):.1f} | "
                   f"{sum(r['t_hold'] for r in rows) / sum(r['t_optim'] for r in rows):.1f} |")
 
 
-def compare(std, other, n):
-    """area (mean test return over the n rounds), final return and SE_ave of other against std, {seed: rows}"""
+def compare(base, other, n):
+    """area (mean test return over the n rounds), final return and SE_ave of other against base, {seed: rows}: the
+    seeds where both ran n rounds"""
     import analysis
-    seeds = sorted(s for s in other if s in std and min(len(other[s]), len(std[s])) >= n)
+    seeds = sorted(s for s in other if s in base and min(len(other[s]), len(base[s])) >= n)
     out = dict(seeds=seeds, area=[], final=[], se_ave=[])
     for s in seeds:
-        a, b = [r for r in std[s][:n]], [r for r in other[s][:n]]
+        a, b = base[s][:n], other[s][:n]
         tested = [i for i, r in enumerate(a) if not math.isnan(r["test_return_mean"])]
         out["area"].append(np.mean([b[i]["test_return_mean"] - a[i]["test_return_mean"] for i in tested]))
         out["final"].append(b[tested[-1]]["test_return_mean"] - a[tested[-1]]["test_return_mean"])
@@ -102,60 +117,70 @@ def compare(std, other, n):
     return out
 
 
-def cell(x, scale=1.0):
-    """mean [95 % t-interval] [95 % bootstrap interval] over seeds"""
-    import analysis
+def t_interval(x):
+    """mean and 95 % t-interval over seeds (nan with one seed)"""
     from scipy import stats
-    x = scale * np.asarray(x, dtype=float)
-    mean, lo, hi = analysis.mean_ci(x)
+    x = np.asarray(x, dtype=float)
     h = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)) if len(x) > 1 else math.nan
+    return x.mean(), x.mean() - h, x.mean() + h
+
+
+def cell(x, scale=1.0):
+    """mean [95 % t-interval] (95 % bootstrap interval) over seeds"""
+    import analysis
+    x = scale * np.asarray(x, dtype=float)
+    mean, lo, hi = t_interval(x)
+    _, blo, bhi = analysis.mean_ci(x)
     fmt = ".1f" if scale != 1 or abs(mean) >= 10 else ".3g"
-    return f"{mean:{fmt}} [{mean - h:{fmt}}, {mean + h:{fmt}}] [{lo:{fmt}}, {hi:{fmt}}]"
+    return f"{mean:{fmt}} [{lo:{fmt}}, {hi:{fmt}}] ({blo:{fmt}}, {bhi:{fmt}})"
+
+
+def verdict(x):
+    """ahead or behind only where the t-interval excludes 0"""
+    mean, lo, hi = t_interval(x)
+    if len(x) > 1 and (lo > 0 or hi < 0):
+        return "ahead" if lo > 0 else "behind"
+    return f"not detected over {len(x)} seeds"
 
 
 def stage_table(envs):
     import analysis
-    print("IIF held to standard PPO's step (--hold-step exact) against standard PPO and against IIF: differences "
-          "of the area (mean test return over the compared rounds), of the final test return and of SE_ave (%, "
-          "over standard's record levels; for rows against IIF, SE of held-step IIF measured against IIF), each "
-          "the mean over seeds [95 % t-interval] [95 % bootstrap interval]; KL ratio: median over rounds and seeds "
-          "of held-step IIF's KL on B(k) over the KL standard PPO's update takes from the same theta(k)\n")
-    print("| env | rounds | seeds | comparison | area | final | SE_ave | KL ratio |")
+    print("The step and the choice of records apart: differences of the area (mean test return over the compared "
+          "rounds), of the final test return and of SE_ave (%, over the baseline arm's record levels), each the mean "
+          "over seeds [95 % t-interval] (95 % percentile bootstrap); verdict on SE_ave: ahead or behind only where "
+          "its t-interval excludes 0. Arms: results/held_step.py's docstring. Seeds where both arms ran every "
+          "compared round.\n")
+    print("| env | rounds | comparison | seeds | area | final | SE_ave % | SE_ave verdict |")
     print("|---|---|---|---|---|---|---|---|")
-    sources = [(env_id, ROUNDS[env_id], None) for env_id in envs] + [(e, n, "generic") for e, n in GENERIC.items()]
     landing = []
-    for env_id, n, kind in sources:
-        if kind == "generic":  # results/generic/<recipe>/<env>__<method>__<seed>
-            found = {}
-            for label, (recipe, method) in GENERIC_LABELS.items():
-                path = os.path.join(ROOT, "results", "generic", recipe)
-                found[label] = analysis.load_runs(path, env_id).get(method, {}) if os.path.isdir(path) else {}
-        else:
-            found = analysis.load_runs(os.path.join(OUT, "runs"), env_id)
-        held = found.get("held", {})
-        if not held:
+    for env_id in envs:
+        path = os.path.join(OUT, "runs")
+        if not any(d.startswith(env_id + "__") for d in os.listdir(path)):
             continue
-        tried = [r for s in held for r in held[s][:n] if r["n_tries"] > 0]  # rounds that dropped records
-        ratios = np.array([r["kl"] / r["kl_standard"] for r in tried])
-        ratio = np.median(ratios)
-        landing.append(f"| {env_id} | {len(held)} | {np.mean(abs(ratios - 1) <= 0.1):.2f} "
-                       f"| {ratio:.2f} | {np.mean([r['n_tries'] for r in tried]):.1f} | "
-                       f"{np.median([r['lr_scale'] for r in tried]):.3f} | "
-                       f"{sum(r['t_hold'] for r in tried) / sum(r['t_optim'] for r in tried):.1f} |")
-        for name, ref, other in [("held - standard", "none", "held"), ("held - IIF", "influence", "held"),
-                                 ("held - IIF with the guard", "guard", "held"),
-                                 ("IIF - standard", "none", "influence"),
-                                 ("IIF with the guard - standard", "none", "guard")]:
-            c = compare(found.get(ref, {}), found.get(other, {}), n)
-            if not c["seeds"]:
+        found, n = analysis.load_runs(path, env_id), ENVS[env_id][1]
+        for name, base, other in ROWS:
+            c = compare(found.get(base, {}), found.get(other, {}), n)
+            if c["seeds"]:
+                print(f"| {env_id} | {n} | {name} | {len(c['seeds'])} | {cell(c['area'])} | {cell(c['final'])} | "
+                      f"{cell(c['se_ave'], 100)} | {verdict(c['se_ave'])} |")
+        for arm in ("held", "held-random", "lifted"):
+            held = found.get(arm, {})
+            tried = [r for s in held for r in held[s][:n] if r["n_tries"] > 0]  # rounds that were held
+            if not tried:
                 continue
-            print(f"| {env_id} | {n} | {len(c['seeds'])} | {name} | {cell(c['area'])} | {cell(c['final'])} | "
-                  f"{cell(c['se_ave'], 100)} | {f'{ratio:.2f}' if other == 'held' else ''} |")
-    print("\nThe hold, over every held run's rounds that dropped records (unfinished runs too): the share that ended "
-          "within 10 % of standard PPO's KL, the median KL ratio, the updates tried a round, the median learning-"
-          "rate multiple kept, and the held step's extra seconds over the seconds of the update it kept\n")
-    print("| env | runs | within 10 % | KL ratio | tries | lr multiple | extra / update's seconds |")
-    print("|---|---|---|---|---|---|---|")
+            ratios = np.array([r["kl"] / r["kl_ref"] for r in tried])
+            landing.append(f"| {env_id} | {arm} | {len(held)} | {np.mean(abs(ratios - 1) <= 0.1):.2f} | "
+                           f"{np.median(ratios):.2f} | {np.mean([r['n_tries'] for r in tried]):.1f} | "
+                           f"{np.median([r['lr_scale'] for r in tried]):.3g} "
+                           f"[{np.percentile([r['lr_scale'] for r in tried], 10):.3g}, "
+                           f"{np.percentile([r['lr_scale'] for r in tried], 90):.3g}] | "
+                           f"{sum(r['t_hold'] for r in tried) / sum(r['t_optim'] for r in tried):.1f} |")
+    print("\nThe hold, over every held run's rounds that were held (unfinished runs too): the share that ended within "
+          "10 % of the reference update's KL (standard PPO's; IIF's for lifted), the median KL ratio, the updates "
+          "tried a round, the policy's learning-rate multiple kept (median [10th, 90th percentile]; the critic's is "
+          "1), and the held step's extra seconds over the seconds of the update it kept\n")
+    print("| env | arm | runs | within 10 % | KL ratio | tries | policy's lr multiple | extra / update's seconds |")
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(landing))
 
 
@@ -164,6 +189,9 @@ if __name__ == "__main__":
     parser.add_argument("stage", choices=["runs", "proxy", "table"])
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     a = parser.parse_args()
-    dict(runs=lambda: stage_runs(a.envs, a.seeds), proxy=lambda: stage_proxy(a.envs),
+    dict(runs=lambda: stage_runs(a.envs, a.seeds, a.arms),
+         proxy=lambda: stage_proxy(a.envs if a.envs != list(ENVS) else ["FrozenLake-v1", "Acrobot-v1",
+                                                                         "MiniGrid-Empty-8x8-v0"]),
          table=lambda: stage_table(a.envs))[a.stage]()

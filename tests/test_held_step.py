@@ -1,4 +1,6 @@
-"""iif_variants.py --hold-step: IIF's update held to the KL that standard PPO's update takes from theta(k) on B(k)."""
+"""iif_variants.py --hold-step: the round's update held to the KL that a reference update (--hold-to: standard
+PPO's, or IIF's) takes from theta(k) on B(k); each try from theta(k)'s own state, only the policy's rate scaled."""
+import copy
 import csv
 
 import numpy as np
@@ -21,26 +23,173 @@ def run(tmp_path, *flags, name="r"):
         return list(csv.DictReader(f))
 
 
+def untimed(rows, drop=()):
+    return [{k: v for k, v in r.items() if not k.startswith("t_") and k not in drop} for r in rows]
+
+
+def setup(tmp_path, *flags):
+    """args, an agent and its held_optimizer, the numpy generator and one rollout buffer B(0)"""
+    args = variants.resolve_args(tyro.cli(variants.Args, args=["--runs-dir", str(tmp_path), *SHORT,
+                                                               "--hold-step", "exact", *flags]))
+    torch.manual_seed(0)
+    envs = variants.make_vec(args, 1)
+    agent = iif.Agent(envs.single_observation_space, envs.single_action_space)
+    next_obs, _ = envs.reset(seed=0)
+    b, _, _ = iif.collect_rollout(agent, envs, next_obs, np.zeros(1), args)
+    return args, agent, variants.held_optimizer(agent, args), np.random.default_rng(0), b
+
+
+def snapshot(agent, optimizer, rng):
+    return copy.deepcopy(agent.state_dict()), copy.deepcopy(optimizer.state_dict()), copy.deepcopy(
+        rng.bit_generator.state)
+
+
+def from_snapshot(snap, args, scale=1.0):
+    """theta(k)'s agent, optimizer (policy's rate x scale) and generator, rebuilt from copies"""
+    agent = iif.Agent(iif.gym.spaces.Box(-np.inf, np.inf, (6,)), iif.gym.spaces.Discrete(3))
+    agent.load_state_dict(snap[0])
+    optimizer = variants.held_optimizer(agent, args)
+    optimizer.load_state_dict(copy.deepcopy(snap[1]))
+    optimizer.param_groups[0]["lr"] = args.learning_rate * scale
+    rng = np.random.default_rng()
+    rng.bit_generator.state = copy.deepcopy(snap[2])
+    return agent, optimizer, rng
+
+
+def same_optimizer_state(a, b):
+    sa, sb = a.state_dict()["state"], b.state_dict()["state"]
+    return sa.keys() == sb.keys() and all(torch.equal(sa[i][k], sb[i][k]) for i in sa for k in sa[i])
+
+
 def test_exact_lands_within_ten_percent_of_standards_kl_and_keeps_that_update(tmp_path):
     held = run(tmp_path, "--hold-step", "exact", "--save-rounds")
     standard = run(tmp_path, "--filter-method", "none", name="std")
     assert list(held[0]) == iif.METRICS + variants.HOLD_COLUMNS
     # round 0: one theta(0), one B(0) and one minibatch order: the copy's KL is standard PPO's own
-    assert float(held[0]["kl_standard"]) == float(standard[0]["kl"])
+    assert float(held[0]["kl_ref"]) == float(standard[0]["kl"])
     for r in held:
-        ratio = float(r["kl"]) / float(r["kl_standard"])
+        ratio = float(r["kl"]) / float(r["kl_ref"])
         assert abs(ratio - 1) <= variants.HOLD_TOLERANCE or int(r["n_tries"]) == variants.HOLD_TRIES, r
         assert int(r["n_dropped"]) > 0 and int(r["n_tries"]) >= 1 and float(r["t_hold"]) > 0
     assert any(int(r["n_tries"]) > 1 for r in held)  # the first multiple tried missed at least once
-    # theta(1) is IIF's update from theta(0) on B(0)'s kept records at lr x lr_scale, and nothing else
+    # theta(1) is IIF's update from theta(0) on B(0)'s kept records, the policy's rate x lr_scale, and nothing else
     r0, r1 = (torch.load(tmp_path / "r" / "rounds" / f"round_000{k}.pt") for k in (0, 1))
     args = variants.resolve_args(tyro.cli(variants.Args, args=["--runs-dir", str(tmp_path / "x"), *SHORT]))
-    args.learning_rate *= float(held[0]["lr_scale"])
     agent = iif.Agent(iif.gym.spaces.Box(-np.inf, np.inf, (6,)), iif.gym.spaces.Discrete(3))
     agent.load_state_dict(r0["state_dict"])
-    variants.ppo_update(agent, iif.make_optimizer(agent, args), r0, torch.nonzero(r0["kept"])[:, 0], args,
-                        np.random.default_rng(1))
+    optimizer = variants.held_optimizer(agent, args)
+    optimizer.param_groups[0]["lr"] *= float(held[0]["lr_scale"])
+    variants.ppo_update(agent, optimizer, r0, torch.nonzero(r0["kept"])[:, 0], args, np.random.default_rng(1))
     assert all(torch.equal(agent.state_dict()[k], r1["state_dict"][k]) for k in r1["state_dict"])
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_every_try_starts_from_theta_ks_own_state_and_the_kept_one_is_a_fresh_update(tmp_path, monkeypatch,
+                                                                                      optimizer):
+    """Adam's moments and step count are copied, not shared: after at least 3 tries, the state is one update from
+    theta(k) at the kept rate, bit for bit (agent, Adam's state, the generator), in each of 2 rounds, and Adam's step
+    count is the updates kept"""
+    monkeypatch.setattr(variants, "HOLD_TOLERANCE", 0.0)  # no try is close enough: all HOLD_TRIES run
+    args, agent, opt, rng, b = setup(tmp_path, "--optimizer", optimizer, "--learning-rate", "3e-3")
+    variants.ppo_update(agent, opt, b, torch.arange(256), args, rng)  # Adam's state is not empty at theta(k)
+    kept = torch.ones(256, dtype=torch.bool)
+    kept[torch.randperm(256, generator=torch.Generator().manual_seed(0))[:96]] = False
+    steps, scale = 4 * (256 // 64), 1.0
+    for k in range(2):
+        snap = snapshot(agent, opt, rng)
+        n, held = variants.held_update(agent, opt, b, kept, kept >= 0, args, rng, scale)
+        assert held["n_tries"] == variants.HOLD_TRIES and held["lr_scale"] != 1.0
+        fresh, fresh_opt, fresh_rng = from_snapshot(snap, args, held["lr_scale"])
+        assert variants.ppo_update(fresh, fresh_opt, b, torch.nonzero(kept)[:, 0], args, fresh_rng)[0] == n
+        assert all(torch.equal(v, fresh.state_dict()[key]) for key, v in agent.state_dict().items())
+        assert same_optimizer_state(opt, fresh_opt)
+        assert rng.bit_generator.state == fresh_rng.bit_generator.state
+        assert [g["lr"] for g in opt.param_groups] == [args.learning_rate] * 2  # the next round starts at lr
+        steps, scale = steps + n, held["lr_scale"]
+        if optimizer == "adam":
+            assert {float(s["step"]) for s in opt.state.values()} == {steps}
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_the_critic_learns_as_in_the_unheld_update_on_the_same_records(tmp_path, optimizer):
+    """Separate networks: only the policy's step is held; the critic ends where the update at lr leaves it"""
+    args, agent, opt, rng, b = setup(tmp_path, "--optimizer", optimizer)
+    kept = torch.ones(256, dtype=torch.bool)
+    kept[:64] = False
+    snap = snapshot(agent, opt, rng)
+    _, held = variants.held_update(agent, opt, b, kept, kept >= 0, args, rng, 1.0)
+    assert held["n_tries"] >= 1 and held["lr_scale"] != 1.0
+    unheld, unheld_opt, unheld_rng = from_snapshot(snap, args)
+    variants.ppo_update(unheld, unheld_opt, b, torch.nonzero(kept)[:, 0], args, unheld_rng)
+    critic = [k for k in agent.state_dict() if k.startswith("critic.")]
+    assert critic and all(torch.equal(agent.state_dict()[k], unheld.state_dict()[k]) for k in critic)
+    assert not torch.equal(agent.state_dict()["actor.4.weight"], unheld.state_dict()["actor.4.weight"])
+
+
+def test_the_policys_group_holds_a_shared_cnn_and_the_groups_update_as_one():
+    """An image agent: the hold's group 0 is the CNN shared by both heads and the actor, group 1 the critic; with
+    both at lr, the two groups take the very step that make_optimizer's one group takes"""
+    agent = iif.Agent(iif.gym.spaces.Box(0, 255, (7, 7, 3)), iif.gym.spaces.Discrete(7))
+    args = variants.resolve_args(tyro.cli(variants.Args, args=["--env-id", "MiniGrid-Empty-8x8-v0", "--optimizer",
+                                                               "adam"]))
+    groups = variants.held_optimizer(agent, args).param_groups
+    names = {id(p): n for n, p in agent.named_parameters()}
+    assert {names[id(p)].split(".")[0] for p in groups[0]["params"]} == {"extractor", "actor"}
+    assert {names[id(p)].split(".")[0] for p in groups[1]["params"]} == {"critic"}
+    assert len(groups[0]["params"]) + len(groups[1]["params"]) == len(list(agent.parameters()))
+    torch.manual_seed(0)
+    b = dict(obs=torch.randint(0, 255, (128, 7, 7, 3)).float(), actions=torch.randint(0, 7, (128,)),
+             advantages=torch.randn(128), returns=torch.randn(128))
+    with torch.no_grad():
+        b["logprobs"], _, b["values"] = agent(b["obs"], b["actions"])
+    two = copy.deepcopy(agent)
+    for net, opt in [(agent, iif.make_optimizer(agent, args)), (two, variants.held_optimizer(two, args))]:
+        variants.ppo_update(net, opt, b, torch.arange(128), args, np.random.default_rng(0))
+    assert all(torch.equal(v, two.state_dict()[k]) for k, v in agent.state_dict().items())
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_standard_ppo_through_the_hold_path_is_standard_ppo_bit_for_bit(tmp_path, optimizer):
+    """The null check: holding standard PPO to its own step changes nothing (rows, generators, final weights)"""
+    plain = run(tmp_path, "--filter-method", "none", "--optimizer", optimizer, name="plain")
+    held = run(tmp_path, "--filter-method", "none", "--optimizer", optimizer, "--hold-step", "exact", name="held")
+    assert untimed(held, variants.HOLD_COLUMNS) == untimed(plain)
+    assert all(r["n_tries"] == "0" and r["lr_scale"] == "1.0" and r["kl_ref"] == r["kl"] for r in held)
+    a, b = (torch.load(tmp_path / n / "agent.pt") for n in ("plain", "held"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_held_random_drops_as_many_records_as_held_iif_and_is_held_alike(tmp_path):
+    """The control: random dropping held to the same KL. One theta(0), one B(0): the same count dropped, the same
+    reference KL"""
+    iif_rows = run(tmp_path, "--hold-step", "exact", name="iif")
+    rand = run(tmp_path, "--hold-step", "exact", "--filter-method", "random", name="random")
+    assert rand[0]["n_dropped"] == iif_rows[0]["n_dropped"] != "0" and rand[0]["kl_ref"] == iif_rows[0]["kl_ref"]
+    for r in rand:
+        assert int(r["n_tries"]) >= 1
+        assert abs(float(r["kl"]) / float(r["kl_ref"]) - 1) <= variants.HOLD_TOLERANCE or \
+            int(r["n_tries"]) == variants.HOLD_TRIES
+
+
+def test_lifted_standard_trains_every_record_at_iifs_step(tmp_path):
+    """--filter-method none --hold-to influence: standard PPO's update, its rate scaled until its KL is that of IIF's
+    update from the same theta(k) (round 0: IIF's own run's KL)"""
+    iif_rows = run(tmp_path, "--filter-method", "influence", name="iif")
+    lifted = run(tmp_path, "--filter-method", "none", "--hold-step", "exact", "--hold-to", "influence", name="lift")
+    assert float(lifted[0]["kl_ref"]) == float(iif_rows[0]["kl"])
+    for r in lifted:
+        assert r["n_dropped"] == "0" and int(r["n_updates"]) == 4 * 4 and int(r["n_tries"]) >= 1
+        assert abs(float(r["kl"]) / float(r["kl_ref"]) - 1) <= variants.HOLD_TOLERANCE or \
+            int(r["n_tries"]) == variants.HOLD_TRIES
+    assert any(float(r["lr_scale"]) > 1 for r in lifted)
+
+
+def test_td_weights_reach_the_held_update(tmp_path):
+    """App. C.5's sampling probabilities: every record kept, yet not standard PPO's update, so every round is held"""
+    rows = run(tmp_path, "--hold-step", "exact", "--filter-method", "td-weight")
+    standard = run(tmp_path, "--filter-method", "none", name="std")
+    assert all(r["n_dropped"] == "0" and int(r["n_tries"]) >= 1 for r in rows)
+    assert rows[0]["kl_ref"] == standard[0]["kl"] != rows[0]["kl"]
 
 
 def test_grad_norm_tries_once_at_the_gradient_sums_ratio(tmp_path):
@@ -65,7 +214,7 @@ def test_next_scale_lands_on_a_power_law():
 def test_a_round_that_drops_nothing_is_standard_ppo(tmp_path):
     rows = run(tmp_path, "--hold-step", "exact", "--filter-method", "random", "--filter-p", "0.001")
     for r in rows:  # floor(0.001 x n_negative) = 0
-        assert r["n_dropped"] == "0" and r["n_tries"] == "0" and float(r["kl"]) == float(r["kl_standard"])
+        assert r["n_dropped"] == "0" and r["n_tries"] == "0" and float(r["kl"]) == float(r["kl_ref"])
 
 
 def test_a_killed_held_run_resumes_as_if_never_killed(tmp_path, monkeypatch):
@@ -88,9 +237,10 @@ def test_a_killed_held_run_resumes_as_if_never_killed(tmp_path, monkeypatch):
         [{k: v for k, v in r.items() if k not in drop} for r in full]
 
 
-@pytest.mark.parametrize("flags", [["--filter-method", "none"], ["--target-kl", "0.02"],
-                                   ["--influence-mode", "tracin", "--save-rounds"]])
-def test_hold_step_needs_a_filtered_update_of_its_own(tmp_path, flags):
-    with pytest.raises(SystemExit, match="--hold-step"):
+@pytest.mark.parametrize("flags", [["--target-kl", "0.02"], ["--influence-mode", "tracin", "--save-rounds"],
+                                   ["--hold-to", "influence", "--hold-step", "grad-norm"],
+                                   ["--hold-to", "influence", "--hold-step", "none"]])
+def test_hold_step_flags_that_cannot_go_together(tmp_path, flags):
+    with pytest.raises(SystemExit, match="--hold-"):
         variants.resolve_args(tyro.cli(variants.Args, args=["--runs-dir", str(tmp_path), "--run-name", "r", *SHORT,
                                                             "--hold-step", "exact", *flags]))
