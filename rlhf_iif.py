@@ -530,14 +530,41 @@ def explained_variance(b):
 
 
 @torch.no_grad()
-def evaluate(policy, queries, tokenizer, clf, args, device):
-    """App. B.3: mean toxicity probability of sampled continuations of toxic test prompts (a fixed
-    seed, and the training generator left untouched)"""
-    model, tok, toxic = clf
+def test_episodes(policy, queries, tokenizer, args, device):
+    """One continuation of each test prompt, sampled with a fixed seed (the training generator left
+    untouched)"""
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed + 10_000)
-        texts = generate(policy, queries, tokenizer, args, device)["texts"]
+        return generate(policy, queries, tokenizer, args, device)
+
+
+def toxicity(texts, clf, device):
+    """App. B.3: the mean toxicity probability of continuations, by the test detector clf"""
+    model, tok, toxic = clf
     return classify(model, tok, texts, device).softmax(-1)[:, toxic].mean().item()
+
+
+def evaluate(policy, queries, tokenizer, clf, args, device):
+    """App. B.3's test: the toxicity of sampled continuations of toxic test prompts"""
+    return toxicity(test_episodes(policy, queries, tokenizer, args, device)["texts"], clf, device)
+
+
+@torch.no_grad()
+def final_test(policy, ref, queries, tokenizer, reward_fn, args, device):
+    """The final policy where a reward-KL frontier reads it: on the test prompts, one continuation
+    each (evaluate's), the KL to the reference, estimated as the kl column is (a continuation's sum
+    over its tokens of log pi_theta - log pi_ref, unbiased for KL(pi_theta || pi_ref)), and the
+    reward r(x, y), each a mean with its standard error. Returns (those, the test episodes)."""
+    b = test_episodes(policy, queries, tokenizer, args, device)
+    T = b["mask"].shape[1]
+    kl = torch.cat([(up(policy(b["ids"][i], b["attn"][i], T)[0]) - up(ref_logprobs(
+        policy, ref, b["ids"][i], b["attn"][i], T))).mul(b["mask"][i]).sum(1)
+        for i in batches(len(queries), args.forward_batch_size)]).double()
+    reward = reward_fn(b["texts"], queries).double()
+    n = len(queries)
+    return dict(n_test=n, final_kl=kl.mean().item(), final_kl_se=(kl.std() / n ** 0.5).item(),
+                final_reward=reward.mean().item(),
+                final_reward_se=(reward.std() / n ** 0.5).item()), b
 
 
 # ---- The loop of Alg. 1 ----
@@ -615,6 +642,9 @@ def main(args):
                                                 device)
                 row["t_eval"] = timer(device) - t0
             run.end_round(row, b, queries, scores, kept, tokenizer)
+        if args.eval_every:  # the final policy's KL to the reference, reward and toxicity
+            final, tb = final_test(policy, ref, eval_prompts, tokenizer, reward_fn, args, device)
+            run.final(final, final_toxicity=toxicity(tb["texts"], eval_clf, device))
     finally:  # also on Ctrl-C (mid-round, the weights as they are then)
         run.finish(policy, tokenizer)
 
@@ -814,6 +844,16 @@ class Run:
               f"{self.args.batch_size}{tox} | s: generate {row['t_generate']:.1f} forward "
               f"{row['t_forward']:.1f} influence {row['t_influence']:.1f} optim "
               f"{row['t_optim']:.1f}", flush=True)
+
+    def final(self, final, **metrics):
+        """final.json: final_test's row and the task's test metrics on the same samples"""
+        final = {**final, **metrics}
+        with open(os.path.join(self.dir, "final.json"), "w") as f:
+            json.dump(final, f, indent=1)
+        print(f"final policy on {final['n_test']} test prompts: KL to the reference "
+              f"{final['final_kl']:.3f} +- {final['final_kl_se']:.3f} (s.e.), reward "
+              f"{final['final_reward']:.3f} +- {final['final_reward_se']:.3f}, "
+              + ", ".join(f"{k} {v:.3f}" for k, v in metrics.items() if v != ""), flush=True)
 
     def finish(self, policy, tokenizer):
         """The policy and value head, unless a non-finite loss has spoilt them"""

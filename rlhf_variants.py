@@ -148,10 +148,8 @@ def i_ppo(policy, b, t, args):
 def evaluate_cot(policy, problems, tokenizer, args, device):
     """The test accuracy, and the share of unfaithful chains among the right test answers (a fixed
     seed, the training generator left untouched)"""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(args.seed + 10_000)
-        queries = [q for q, _ in problems]
-        texts = rlhf_iif.generate(policy, queries, tokenizer, args, device)["texts"]
+    queries = [q for q, _ in problems]
+    texts = rlhf_iif.test_episodes(policy, queries, tokenizer, args, device)["texts"]
     marks = [check(t, *operands(tokenizer, q)) for t, (q, _) in zip(texts, problems)]
     return np.mean([r for r, _ in marks]), unfaithful_share(marks)
 
@@ -289,6 +287,15 @@ def main(args):
                 fields.update(right=[r for r, _ in marks], faithful=[f for _, f in marks])
             run.end_round(row, b, queries, scores, kept, tokenizer, **fields)
             checkpoint(run, k, n_rounds, policy, optimizer, gen, kl_coef, order, device)
+        if args.eval_every:  # the final policy: its KL to the reference, reward and test metric
+            queries = [q for q, _ in eval_problems] if cot else eval_prompts
+            final, tb = rlhf_iif.final_test(policy, ref, queries, tokenizer, reward_fn, args, device)
+            if cot:
+                marks = [check(t, *operands(tokenizer, q)) for t, q in zip(tb["texts"], queries)]
+                run.final(final, final_accuracy=np.mean([r for r, _ in marks]),
+                          final_unfaithful=unfaithful_share(marks))
+            else:
+                run.final(final, final_toxicity=rlhf_iif.toxicity(tb["texts"], eval_clf, device))
     finally:
         run.finish(policy, tokenizer)
 

@@ -1,4 +1,5 @@
 """rlhf_iif.py on a tiny GPT-2, tiny ELECTRA classifiers and tiny jsonl data built here (offline)."""
+import contextlib
 import csv
 import json
 import math
@@ -424,3 +425,58 @@ def test_the_llm_scripts_share_their_helpers_word_for_word():
         tree.body[0].body = tree.body[0].body[1:]
         return ast.dump(tree)
     assert code(rlhf_iif.filter_records) == code(grpo_iif.filter_records)
+
+
+def test_a_run_ends_with_its_final_policys_kl_reward_and_toxicity(tmp_path, toy):
+    """final.json: the final policy on the test prompts; its toxicity is the last round's test (the same samples)"""
+    rows = run_main(tmp_path, toy, "--filter-method", "influence", "--rounds", "2")
+    final = json.load(open(tmp_path / "r" / "final.json"))
+    assert set(final) == {"n_test", "final_kl", "final_kl_se", "final_reward", "final_reward_se", "final_toxicity"}
+    assert final["n_test"] == 4 and final["final_toxicity"] == float(rows[-1]["eval_toxicity"])
+    assert final["final_kl"] != 0 and final["final_kl_se"] > 0 and final["final_reward_se"] > 0
+
+
+def exact_kl(policy, ref, queries, T):
+    """KL(pi_theta || pi_ref) of T-token continuations (T <= 2), summed over every sequence: E[sum_t KL of the
+    next-token distributions], an EOS ending the continuation"""
+    eos = policy.lm.config.eos_token_id
+
+    def logp(model, ids):
+        with torch.no_grad():
+            return torch.log_softmax(model.lm(input_ids=ids).logits[:, -1].double(), -1)
+    total = 0.0
+    for q in queries:
+        ids = torch.tensor([q])
+        p, r = logp(policy, ids), logp(ref, ids)
+        total += float((p.exp() * (p - r)).sum())
+        if T == 2:
+            vocab = p.shape[1]
+            both = torch.cat([ids.expand(vocab, -1), torch.arange(vocab)[:, None]], 1)
+            p2, r2 = logp(policy, both), logp(ref, both)
+            kl2 = (p2.exp() * (p2 - r2)).sum(1)
+            kl2[eos] = 0.0  # the continuation ends at its first EOS
+            total += float((p[0].exp() * kl2).sum())
+    return total / len(queries)
+
+
+@pytest.mark.parametrize("T", [1, 2])
+def test_the_final_kl_is_zero_at_the_reference_and_unbiased_away_from_it(toy, T):
+    """policy = reference (LoRA's B at 0): exactly 0; a perturbed policy (every weight): within 4 standard errors of
+    the KL summed exactly over every continuation"""
+    from transformers import AutoTokenizer
+    cpu = torch.device("cpu")
+    zero_reward = lambda texts, qs: torch.zeros(len(texts))  # noqa: E731
+    for lora in (True, False):
+        args, policy, ref, _ = buffer(toy, "--gen-tokens", str(T), "--eval-samples", "40",
+                                      *([] if lora else ["--no-lora"]), dtype=torch.float32, perturb=not lora)
+        tok = AutoTokenizer.from_pretrained(args.model_name)
+        tok.pad_token = tok.pad_token or tok.eos_token
+        prompts = rlhf_iif.load_eval_prompts(args, tok)
+        queries = prompts * 25  # 25 samples of each
+        final, b = rlhf_iif.final_test(policy, ref, queries, tok, zero_reward, args, cpu)
+        assert final["n_test"] == len(queries) > 500 and b["mask"].shape[1] == T
+        if lora:
+            assert final["final_kl"] == 0.0 and final["final_kl_se"] == 0.0
+        else:
+            exact = exact_kl(policy, ref, prompts, T)
+            assert exact > 0.1 and abs(final["final_kl"] - exact) < 4 * final["final_kl_se"], (final, exact)

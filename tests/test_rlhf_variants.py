@@ -138,6 +138,9 @@ def test_cot_task_end_to_end(tmp_path, cot_toy):
             assert not e["faithful"] or e["right"]
     assert [r["n_updates"] for r in rows] == ["0", "0"]  # --no-train
     assert rows[0]["eval_accuracy"] == rows[1]["eval_accuracy"]  # never updated, tested with one seed
+    final = json.load(open(tmp_path / label / "final.json"))  # the final policy: the last test's samples
+    assert final["final_accuracy"] == float(rows[-1]["eval_accuracy"]) and final["final_kl"] == 0.0  # no update
+    assert {"final_kl_se", "final_reward", "final_unfaithful", "n_test"} <= set(final)
 
 
 def test_bad_flags_fail_early(tmp_path, toy, cot_toy):
@@ -170,6 +173,7 @@ def test_killed_run_resumes_as_if_never_killed(toy, tmp_path):
             return [{k: v for k, v in r.items() if not k.startswith("t_")} for r in csv.DictReader(f)]
     assert len(rows("whole/r")) == 5 and rows("killed") == rows("whole/r")
     assert open(run / "episodes.jsonl").read() == open(tmp_path / "whole" / "r" / "episodes.jsonl").read()
+    assert json.load(open(run / "final.json")) == json.load(open(tmp_path / "whole" / "r" / "final.json"))
 
 
 def test_resume_refuses_other_flags_and_a_finished_name_needs_it(tmp_path, toy):
@@ -196,6 +200,7 @@ def test_without_its_flags_it_writes_what_rlhf_iif_writes(tmp_path, toy):
         [{k: v for k, v in r.items() if not k.startswith("t_")} for r in core_rows]
     core_episodes = [json.loads(line) for line in open(tmp_path / "core" / "episodes.jsonl")]
     assert [{k: v for k, v in e.items() if k != "weight"} for e in episodes] == core_episodes
+    assert json.load(open(tmp_path / "variants" / "final.json")) == json.load(open(tmp_path / "core" / "final.json"))
 
 
 def test_analysis_ippo_draws_and_tabulates(tmp_path, cot_toy):
