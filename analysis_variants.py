@@ -8,6 +8,7 @@ analysis.py reproduces the paper's diagnostics; this file imports it, as iif_var
 Each subcommand prints its table and draws its figure in a PNG.
 """
 import glob
+import json
 import math
 import os
 from collections import defaultdict
@@ -338,7 +339,7 @@ def cmd_dropped(args):
                                                         ("obs", "actions", "logprobs")})
         adv = raw_advantages(b)
         weights = torch.as_tensor(adv if config["target_adv"] == "raw" else iif.normalize(adv))
-        agreement = iif.target_agreement(agent, dict(b, advantages=weights))
+        agreement = variants.target_agreement(agent, dict(b, advantages=weights))
         drop = ~b["kept"].numpy()
         success = episode_returns(b) > 0
         row = metrics[k]
@@ -758,35 +759,48 @@ def t_interval(x, fmt):
 
 @dataclass
 class Frontier:
-    """rlhf_variants.py's runs at a sweep of the KL penalty beta (results/frontier.sh): each method's final reward
-    and test metric against its final KL to the reference, and each method against PPO at equal KL"""
+    """rlhf_variants.py's runs at a sweep of the KL penalty beta (results/frontier.sh): each method's final policy
+    (final.json: its reward and test metric on the test prompts, and its KL to the reference on the same samples)
+    against PPO's frontier, the upper envelope of PPO's points"""
     runs: str = "results/frontier/runs"
     """folder of <env>__<label>-b<beta>__<seed> runs"""
     env: tuple[str, ...] = ("ippo-detox", "ippo-cot")
     """the runs' name prefixes, one per task"""
-    last: int = 5
-    """rounds in the trailing means of the reward, the test metric and the KL"""
     resamples: int = 2000
     """bootstrap resamples of the seeds of every point"""
     seeds: tuple[str, ...] = ()
     """only these seeds (default: every seed run)"""
     baseline: tuple[str, ...] = ("none",)
-    """the labels of the curves every other method is compared with (none: PPO; none-vf0.01: PPO with
+    """the labels of the frontiers every other method is compared with (none: PPO; none-vf0.01: PPO with
     VF_COEF=0.01)"""
     out: str = "frontier.png"
-    """PNG of the curves"""
+    """PNG of the points and the baselines' frontiers"""
 
 
-def frontier_points(runs, last, metrics):
-    """{method: {beta: {metric: [one value a seed]}}}, the metrics the means of a run's last rounds"""
-    points = {}
-    for label, seeds in runs.items():
+FRONTIER_METRICS = {"final_reward": "reward", "final_toxicity": "test toxicity", "final_accuracy": "test accuracy",
+                    "final_unfaithful": "unfaithful among right, test"}
+LOWER_IS_BETTER = ("final_toxicity", "final_unfaithful")
+
+
+def frontier_points(runs_dir, env, seeds, metrics):
+    """{method: {beta: {metric: [one value a seed]}}} from every run's final.json (the final policy), and the runs
+    without one"""
+    points, missing = {}, []
+    for label, by_seed in seeds.items():
         method, _, beta = label.rpartition("-b")
         if not method:
             continue
-        point = {m: [np.nanmean([r[m] for r in rs[-last:]]) for rs in seeds.values()] for m in metrics}
-        points.setdefault(method, {})[float(beta)] = point
-    return points
+        for seed in by_seed:
+            path = os.path.join(runs_dir, f"{env}__{label}__{seed}", "final.json")
+            if not os.path.exists(path):
+                missing.append(f"{label}__{seed}")
+                continue
+            with open(path) as f:
+                final = json.load(f)
+            point = points.setdefault(method, {}).setdefault(float(beta), {m: [] for m in metrics})
+            for m in metrics:
+                point[m].append(np.nan if final[m] == "" else float(final[m]))
+    return points, missing
 
 
 def frontier_name(method):
@@ -795,122 +809,185 @@ def frontier_name(method):
     return IPPO_LABELS[base] + (f", value coefficient {vf}" if vf else "")
 
 
-def at_kl(curve, kl):
-    """The curve {beta: (KL, value)} read at kl, linearly in log KL between its two nearest points (nan outside
-    its KLs)"""
-    xs, ys = zip(*sorted(curve.values()))
+def envelope(points, lower_is_better=False):
+    """A frontier, the best value reached at a KL as low or lower: of the points (KL, value), by KL, those that no
+    point of a lower KL matches, and the last of them again at the largest KL of any point"""
+    out = []
+    for kl, y in sorted(points):
+        if not out or (y < out[-1][1] if lower_is_better else y > out[-1][1]):
+            out.append((kl, y))
+    largest = max(kl for kl, _ in points)
+    return out + [(largest, out[-1][1])] if largest > out[-1][0] else out
+
+
+def at_kl(front, kl):
+    """The frontier read at kl, linearly in log KL between its two nearest points: (value, the index of the left
+    point, the weight of the right one); nan outside its KLs"""
+    xs, ys = zip(*front)
     if not xs[0] <= kl <= xs[-1]:
-        return np.nan
-    return float(np.interp(np.log(kl), np.log(xs), ys))
+        return np.nan, None, None
+    j = min(int(np.searchsorted(xs, kl, side="right")) - 1, len(xs) - 2) if len(xs) > 1 else 0
+    w = 0.0 if len(xs) == 1 or xs[j + 1] == xs[j] else (np.log(kl) - np.log(xs[j])) / (np.log(xs[j + 1]) - np.log(xs[j]))
+    return float(ys[j] + w * (ys[j + 1] - ys[j])) if len(xs) > 1 else float(ys[0]), j, w
 
 
 def equal_kl(points, method, metric, resamples, rng, baseline="none"):
-    """method's points against the baseline's curve at the same KL: per beta of method whose mean KL lies inside
-    the baseline's KLs, the difference of the metric's mean from the curve read there, and its 95 % bootstrap
-    interval (each point's seeds resampled, the curve redrawn from its resampled points)"""
-    ppo, out = points[baseline], []
+    """method's points against the baseline's frontier at the same KL: per beta of method whose mean KL lies
+    inside the frontier's KLs, the difference of the metric's mean from the frontier read there, its 95 %
+    t-interval (Welch-Satterthwaite: the method's seeds of metric and KL, and the seeds of the two frontier points
+    it is read between, their KLs taken as known), its 95 % percentile bootstrap interval (every point's seeds
+    resampled, the frontier rebuilt) and the share of resamples that fell outside the frontier's KLs (left out of
+    the bootstrap interval). Rows: (beta, KL, difference, t low, t high, boot low, boot high, share outside)."""
+    import scipy.stats
+    lower = metric in LOWER_IS_BETTER
+    base, out = points[baseline], []
+    keys = sorted(base)
+
+    def diff(take):
+        front_pts = [(np.mean(take(base[b]["final_kl"])), np.nanmean(take(base[b][metric])), b) for b in keys]
+        front = envelope([(x, y) for x, y, _ in front_pts], lower)
+        return front, front_pts
+    front, front_pts = diff(np.asarray)
+    by_kl = {(x, y): b for x, y, b in front_pts}
     for beta, p in sorted(points[method].items()):
-        def diff(take):
-            curve = {b: (np.mean(take(q["kl"])), np.mean(take(q[metric]))) for b, q in ppo.items()}
-            kl = np.mean(take(p["kl"]))
-            return np.mean(take(p[metric])) - at_kl(curve, kl)
-        d = diff(lambda x: np.asarray(x))
-        if np.isnan(d):
+        kl, y = np.asarray(p["final_kl"]), np.asarray(p[metric])
+        value, j, w = at_kl(front, kl.mean())
+        if np.isnan(value) or np.isnan(y).any():
             continue
-        boot = [diff(lambda x: rng.choice(np.asarray(x), len(x))) for _ in range(resamples)]
-        out.append((beta, float(np.mean(p["kl"])), d, *np.nanpercentile(boot, [2.5, 97.5])))
+        d = y.mean() - value
+        # variance components (variance of a mean, seeds) of the difference
+        parts = [(y.var(ddof=1) / len(y), len(y))]
+        if len(front) > 1:
+            slope = (front[j + 1][1] - front[j][1]) / (np.log(front[j + 1][0]) - np.log(front[j][0]) or np.inf)
+            parts.append((slope ** 2 * kl.var(ddof=1) / len(kl) / kl.mean() ** 2, len(kl)))
+            for wt, i in ((1 - w, j), (w, j + 1)):  # the flat end of the frontier: its last point's seeds
+                ys = np.asarray(base[by_kl.get(front[i]) or by_kl[front[i - 1]]][metric])
+                parts.append((wt ** 2 * ys.var(ddof=1) / len(ys), len(ys)))
+        else:
+            ys = np.asarray(base[by_kl[front[0]]][metric])
+            parts.append((ys.var(ddof=1) / len(ys), len(ys)))
+        var = sum(v for v, _ in parts)
+        df = var ** 2 / sum(v ** 2 / (n - 1) for v, n in parts if v > 0) if var > 0 else np.inf
+        h = scipy.stats.t.ppf(0.975, df) * np.sqrt(var)
+        boot = []
+        for _ in range(resamples):
+            take = lambda x: rng.choice(np.asarray(x), len(x))  # noqa: E731
+            f, _ = diff(take)
+            boot.append(np.mean(take(y)) - at_kl(f, np.mean(take(kl)))[0])
+        boot = np.asarray(boot)
+        outside = float(np.isnan(boot).mean())
+        lo, hi = np.percentile(boot[~np.isnan(boot)], [2.5, 97.5]) if outside < 1 else (np.nan, np.nan)
+        out.append((beta, float(kl.mean()), float(d), d - h, d + h, float(lo), float(hi), outside))
     return out
 
 
-def verdict(rows, lower_is_better=False, name="PPO"):
-    """ahead / behind where every compared point's interval lies on one side of 0 (the better side: above 0, or
-    below it for a metric where lower is better), else not shown"""
+def verdict(rows, lower_is_better=False, name="PPO", seeds=None):
+    """ahead / behind where every compared point's t-interval lies on one side of 0 (the better side: above 0, or
+    below it where lower is better), else not detected; with the KL range of the compared points"""
     if not rows:
         return "no KL in common"
-    above, below = all(lo > 0 for *_, lo, _ in rows), all(hi < 0 for *_, hi in rows)
+    kls = [r[1] for r in rows]
+    where = f"at KL {min(kls):.2g}" + (f"-{max(kls):.2g}" if max(kls) > min(kls) else "") + f" ({len(rows)} point" \
+        + ("s" if len(rows) > 1 else "") + ")"
+    above, below = all(r[3] > 0 for r in rows), all(r[4] < 0 for r in rows)
     if above or below:
-        return f"ahead of {name}" if above != lower_is_better else f"behind {name}"
-    return "not shown"
+        return f"{'ahead of' if above != lower_is_better else 'behind'} {name} {where}"
+    return f"not detected {where}" + (f" over {seeds} seeds" if seeds else "")
 
 
 def cmd_frontier(args):
-    """Per task: every method's points (beta: final KL, reward and test metric, mean [95 % bootstrap interval]
-    over seeds), the differences from PPO at equal KL, a verdict per method and metric, and a figure of reward and
-    test metric against KL"""
+    """Per task: every method's final-policy points (beta: KL to the reference, reward and test metrics, mean
+    [95 % t-interval] over seeds), the differences from each baseline's frontier at equal KL, a verdict per method
+    and metric with the KL range it holds at, and a figure"""
     rng = np.random.default_rng(0)
     fig, axes = plt.subplots(len(args.env), 3, figsize=(15, 3.6 * len(args.env)), squeeze=False)
     for env, ax in zip(args.env, axes):
         runs = {lb: {s: rows for s, rows in seeds.items() if not args.seeds or s in args.seeds}
                 for lb, seeds in load_runs(args.runs, env).items()}
-        for lb, seeds in runs.items():  # a run still under way would read as a point at its last rounds
-            unfinished = [s for s, rows in seeds.items() if len(rows) < planned_rounds(args.runs, env, lb, s, 0)]
-            if unfinished:
-                print(f"{env}__{lb}: seed(s) {', '.join(unfinished)} unfinished, left out")
-            runs[lb] = {s: rows for s, rows in seeds.items() if s not in unfinished}
         runs = {lb: seeds for lb, seeds in runs.items() if seeds}
-        row = next(iter(next(iter(runs.values())).values()))[0]
-        cot = not np.isnan(row.get("eval_accuracy", np.nan))
-        tests = (["eval_accuracy", "eval_unfaithful"] if cot else ["eval_toxicity"])
-        names = {"reward_mean": "final reward", "eval_accuracy": "test accuracy",
-                 "eval_unfaithful": "unfaithful among right, test", "eval_toxicity": "test toxicity"}
-        points = frontier_points(runs, args.last, ["kl", "reward_mean", *tests])
+        first = next(iter(next(iter(runs.values())).values()))[0]
+        cot = not np.isnan(first.get("eval_accuracy", np.nan))
+        tests = ["final_accuracy", "final_unfaithful"] if cot else ["final_toxicity"]
+        metrics = ["final_reward", *tests]
+        points, missing = frontier_points(args.runs, env, runs, ["final_kl", *metrics])
+        if missing:
+            print(f"{env}: {len(missing)} run(s) without final.json (unfinished, or made before the final test), "
+                  f"left out: {', '.join(missing)}")
         if "none" not in points:
-            fail(f"{env}: no PPO (none-b<beta>) runs under {args.runs}")
-        print(f"\n{env}: final values, means of the last {args.last} rounds, mean [95 % bootstrap interval] over "
-              f"seeds\n")
-        print("| method | beta | seeds | KL to the reference | " + " | ".join(names[m] for m in ["reward_mean", *tests])
+            fail(f"{env}: no PPO (none-b<beta>) run with a final.json under {args.runs}")
+        print(f"\n{env}: the final policies on the test prompts (final.json): mean [95 % t-interval] over seeds\n")
+        print("| method | beta | seeds | KL to the reference | " + " | ".join(FRONTIER_METRICS[m] for m in metrics)
               + " |")
-        print("|---|---|---|---|" + "---|" * (1 + len(tests)))
+        print("|---|---|---|---|" + "---|" * len(metrics))
         methods = sorted(points, key=lambda m: (list(IPPO_LABELS).index(m.partition("-vf")[0]), m))
         for m in methods:
             for beta, p in sorted(points[m].items()):
-                print(f"| {frontier_name(m)} | {beta:g} | {len(p['kl'])} | {analysis.fmt_ci(p['kl'], 1, '.2f')} | "
-                      + " | ".join(analysis.fmt_ci(p[k], 1, ".3f") for k in ["reward_mean", *tests]) + " |")
+                print(f"| {frontier_name(m)} | {beta:g} | {len(p['final_kl'])} | "
+                      f"{np.mean(p['final_kl']):.3g} {t_interval(p['final_kl'], '.3g')} | "
+                      + " | ".join(f"{np.nanmean(p[k]):.3f} {t_interval(p[k], '.3f')}" for k in metrics) + " |")
         for base in args.baseline:
             if base not in points:
                 print(f"\n{env}: no {base}-b<beta> runs to compare with")
                 continue
             name = frontier_name(base)
-            print(f"\n{env}: each method minus {name} at the same KL ({name}'s curve read at the method's mean KL, "
-                  f"linearly in log KL between its points; points outside its KLs are left out), [95 % bootstrap "
-                  f"interval, {args.resamples} resamples of every point's seeds]\n")
-            print("| method | beta | KL | " + " | ".join(names[m] for m in ["reward_mean", *tests]) + " |")
-            print("|---|---|---|" + "---|" * (1 + len(tests)))
+            fronts = {k: envelope([(np.mean(p["final_kl"]), np.nanmean(p[k])) for p in points[base].values()],
+                                  k in LOWER_IS_BETTER) for k in metrics}
+            print(f"\n{env}: {name}'s frontier, the upper envelope of its points (lower for toxicity and the "
+                  f"unfaithful share): " + "; ".join(f"{FRONTIER_METRICS[k]} at KL "
+                                                      + ", ".join(f"{x:.3g}" for x, _ in f) for k, f in fronts.items()))
+            print(f"\n{env}: each method minus {name}'s frontier at the same KL (read at the method's mean KL, "
+                  f"linearly in log KL between the frontier's points; points outside its KLs are left out): "
+                  f"difference [95 % t-interval] (95 % bootstrap interval, {args.resamples} resamples of every "
+                  f"point's seeds; share of resamples outside the frontier's KLs)\n")
+            print("| method | beta | KL | " + " | ".join(FRONTIER_METRICS[m] for m in metrics) + " |")
+            print("|---|---|---|" + "---|" * len(metrics))
             verdicts = {}
             for m in methods:
                 if m == base:
                     continue
-                per_metric = {k: equal_kl(points, m, k, args.resamples, rng, base) for k in ["reward_mean", *tests]}
-                single = min(len(p["kl"]) for q in (points[m], points[base]) for p in q.values()) < 2
-                verdicts[m] = {k: "no verdict: a point of one seed has no interval" if single and v else
-                               verdict(v, k in ("eval_toxicity", "eval_unfaithful"), name)
-                               for k, v in per_metric.items()}
-                for i, (beta, kl, *_) in enumerate(per_metric["reward_mean"]):
-                    cells = [f"{v[i][2]:+.3f} [{v[i][3]:+.3f}, {v[i][4]:+.3f}]" for v in per_metric.values()]
-                    print(f"| {frontier_name(m)} | {beta:g} | {kl:.2f} | " + " | ".join(cells) + " |")
-            print(f"\n{env}: verdicts against {name} at equal KL (ahead or behind: every compared point's interval on "
-                  "one side of 0; ahead is higher reward and accuracy, lower toxicity and unfaithful share)\n")
-            print("| method | " + " | ".join(names[m] for m in ["reward_mean", *tests]) + " |")
-            print("|---|" + "---|" * (1 + len(tests)))
+                per_metric = {k: equal_kl(points, m, k, args.resamples, rng, base) for k in metrics}
+                n = min(len(p["final_kl"]) for q in (points[m], points[base]) for p in q.values())
+                verdicts[m] = {k: "no verdict: a point of one seed has no interval" if n < 2 and v else
+                               verdict(v, k in LOWER_IS_BETTER, name, n) for k, v in per_metric.items()}
+                rows = {r[0]: {} for v in per_metric.values() for r in v}
+                for k, v in per_metric.items():
+                    for r in v:
+                        rows[r[0]][k] = r
+                for beta, cells in sorted(rows.items()):
+                    kl = next(iter(cells.values()))[1]
+                    print(f"| {frontier_name(m)} | {beta:g} | {kl:.3g} | " + " | ".join(
+                        f"{c[2]:+.3f} [{c[3]:+.3f}, {c[4]:+.3f}] ({c[5]:+.3f}, {c[6]:+.3f}; {c[7]:.0%} outside)"
+                        if (c := cells.get(k)) else "outside" for k in metrics) + " |")
+            print(f"\n{env}: verdicts against {name}'s frontier at equal KL (ahead or behind: every compared "
+                  "point's t-interval on one side of 0; ahead is higher reward and accuracy, lower toxicity and "
+                  "unfaithful share)\n")
+            print("| method | " + " | ".join(FRONTIER_METRICS[m] for m in metrics) + " |")
+            print("|---|" + "---|" * len(metrics))
             for m, v in verdicts.items():
                 print(f"| {frontier_name(m)} | " + " | ".join(v.values()) + " |")
-        for a, metric in zip(ax, ["reward_mean", *tests]):
+        for a, metric in zip(ax, metrics):
             for m in methods:
                 pts = sorted(points[m].items())
-                kl = np.array([np.mean(p["kl"]) for _, p in pts])
-                y = np.array([np.mean(p[metric]) for _, p in pts])
-                a.errorbar(kl, y, xerr=[np.std(p["kl"]) for _, p in pts], yerr=[np.std(p[metric]) for _, p in pts],
-                           color=IPPO_COLORS[m.partition("-vf")[0]], linestyle="--" if "-vf" in m else "-",
-                           marker="o", markersize=3, capsize=2, label=frontier_name(m))
+                kl = np.array([np.mean(p["final_kl"]) for _, p in pts])
+                y = np.array([np.nanmean(p[metric]) for _, p in pts])
+                color = IPPO_COLORS[m.partition("-vf")[0]]
+                style = "--" if "-vf" in m else "-"
+                a.errorbar(kl, y, xerr=[np.std(p["final_kl"]) for _, p in pts],
+                           yerr=[np.nanstd(p[metric]) for _, p in pts], color=color, linestyle="none", marker="o",
+                           markersize=3, capsize=2, label=frontier_name(m))
+                if m in args.baseline:
+                    a.plot(*zip(*envelope(list(zip(kl, y)), metric in LOWER_IS_BETTER)), color=color,
+                           linestyle=style)
                 for (beta, _), x, yy in zip(pts, kl, y):
                     a.annotate(f"{beta:g}", (x, yy), fontsize=6, xytext=(2, 2), textcoords="offset points")
-            a.set(xscale="log", xlabel="final KL to the reference", title=f"{env}: {names[metric]}")
+            a.set(xscale="log", xlabel="final policy's KL to the reference", title=f"{env}: {FRONTIER_METRICS[metric]}")
         ax[0].legend(fontsize=7)
         if len(tests) == 1:
             ax[2].axis("off")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
-    print(f"\nwrote {args.out} (points: mean over seeds, bars: std over seeds, labels: beta)")
+    print(f"\nwrote {args.out} (points: mean over seeds, bars: std over seeds, labels: beta; lines: the baselines' "
+          f"frontiers)")
 
 
 COMMANDS = {  # subcommand: (its flags, what it runs)

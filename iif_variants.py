@@ -36,7 +36,7 @@ from torch.func import jvp
 import iif
 from iif import (DIAGNOSTICS, PRESETS, Agent, approx_kl, collect_rollout, evaluate,
                  explained_variance, fail, make_env, make_optimizer, normalize, ppo_losses,
-                 target_agreement, target_grad)
+                 target_grad)
 
 
 @dataclasses.dataclass
@@ -54,6 +54,10 @@ class Args(iif.Args):
     """f_action's action: an index, or comma-separated values for a Box action"""
     influence_mode: Literal["snapshot", "tracin"] = "snapshot"
     """snapshot: score at theta(k) (Sec. 5.1); tracin: also sum over the round's steps (Sec. 3.1)"""
+
+    min_agreement: float = -1.0
+    """the agreement guard (not in the paper): filter a round only where f_return's gradient agrees
+    across 8 slices of B(k), their mean pairwise cosine at least this; -1: every round, as Alg. 1"""
 
     # The released code's choices (the defaults) and their alternatives (docs/method.md)
     adv_norm: Literal["minibatch", "buffer", "none"] = "minibatch"
@@ -175,6 +179,18 @@ def filter_records(scores, method, p, gen, ties="keep"):
     kept = torch.ones(len(scores), dtype=torch.bool)
     kept[order[:n_drop]] = False
     return kept, n_neg
+
+
+def target_agreement(agent, b, n_slices=8):
+    """The agreement guard's measure: mean cosine between f_return's gradients on n_slices
+    consecutive slices of B(k). Near 0: grad f is noise, and so is a ranking of records by it."""
+    params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
+    grads = []
+    for part in torch.arange(len(b["obs"])).tensor_split(n_slices):
+        g = target_grad(agent, params, b["obs"][part], b["actions"][part], b["advantages"][part])
+        grads.append(torch.cat([gi.flatten() for gi in g.values()]))
+    g = nn.functional.normalize(torch.stack(grads), dim=1)
+    return float(((g @ g.T).sum() - n_slices) / (n_slices * (n_slices - 1)))
 
 
 def agreement_guard(agent, target, args):
@@ -520,6 +536,8 @@ def resolve_args(args):
     for key in ("eval_every", "threads"):
         if getattr(args, key) < 1:
             fail(f"--{key.replace('_', '-')} must be at least 1, got {getattr(args, key)}")
+    if not -1 <= args.min_agreement <= 1:
+        fail(f"--min-agreement must be in [-1, 1], got {args.min_agreement}")
     if args.target_kl < 0:
         fail(f"--target-kl must be 0 (off) or positive, got {args.target_kl}")
     if args.influence_precond == "adam" and args.optimizer != "adam":
@@ -577,6 +595,9 @@ def parse_values(flag, text):
 # --hold-step's columns of metrics.csv: the reference update's KL on B(k) from theta(k), the policy's
 # learning-rate multiple the round's update took, its tries, and the seconds of the held step's extra work
 HOLD_COLUMNS = ["kl_ref", "lr_scale", "n_tries", "t_hold"]
+# iif.py's columns, and the agreement guard's measure (empty with --min-agreement -1)
+METRICS = iif.METRICS[:iif.METRICS.index("n_negative") + 1] + ["agreement"] + iif.METRICS[
+    iif.METRICS.index("n_negative") + 1:]
 # flags a resumed run may change, and the values resolve_args derives from the others
 NOT_COMPARED = ("resume", "threads", "runs_dir", "batch_size", "num_rounds", "env_kwargs",
                 "target_obs", "target_act")
@@ -612,7 +633,7 @@ class Run:
             with open(os.path.join(self.dir, "metrics.csv")) as f:  # rows after it are redone
                 rows = [r for r in csv.DictReader(f) if int(r["round"]) < self.start]
         self.file = open(os.path.join(self.dir, "metrics.csv"), "w", newline="")
-        columns = iif.METRICS + (HOLD_COLUMNS if args.hold_step != "none" else [])
+        columns = METRICS + (HOLD_COLUMNS if args.hold_step != "none" else [])
         self.writer = csv.DictWriter(self.file, fieldnames=columns)
         self.writer.writeheader()
         self.writer.writerows(rows)

@@ -27,6 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = {  # each script's tests, quick ones first
     "iif.py": ["tests/test_influence.py", "tests/test_cli.py", "tests/test_variants.py", "tests/test_backend.py",
                "tests/test_analysis.py"],
+    "iif_variants.py": ["tests/test_influence.py", "tests/test_cli.py"],  # the agreement guard, beside Alg. 1
     "rlhf_iif.py": ["tests/test_rlhf.py", "tests/test_rlhf_variants.py", "tests/test_rlhf_compile.py"],
     "rlhf_compile.py": ["tests/test_rlhf_compile.py"],
     "grpo_iif.py": ["tests/test_grpo.py", "tests/test_grpo_variants.py", "tests/test_grpo_sharded.py"],
@@ -75,10 +76,10 @@ MUTATIONS = [
      "order = torch.randperm(len(scores))"),
     ("iif.py", "II: filter", "    kept[order[:n_drop]] = False\n    return kept, n_neg",
      "    kept[order[n_drop:]] = False\n    return kept, n_neg"),
-    ("iif.py", "II: guard", "return float(((g @ g.T).sum() - n_slices) / (n_slices * (n_slices - 1)))",
+    ("iif_variants.py", "II: guard measure", "return float(((g @ g.T).sum() - n_slices) / (n_slices * (n_slices - 1)))",
      "return float((g @ g.T).sum() / (n_slices * (n_slices - 1)))"),
-    ("iif.py", "II: guard", "p = p if agreement >= args.min_agreement else 0.0",
-     "p = p if agreement < args.min_agreement else 0.0"),
+    ("iif_variants.py", "II: guard", "return agreement, args.filter_p if agreement >= args.min_agreement else 0.0",
+     "return agreement, args.filter_p if agreement < args.min_agreement else 0.0"),
     # ---- iif.py, Stage III: the PPO update on the kept records ----
     ("iif.py", "III: shuffling", "perm = kept_idx[torch.as_tensor(rng.permutation(len(kept_idx)))]",
      "perm = kept_idx"),

@@ -4,8 +4,8 @@
 # (benchmarks/cot_addition_task.py, about a minute). Labels:
 #   sft (the policy itself, never updated), none (standard PPO), influence (IIF, f_seq, drop <= 0),
 #   i-ppo (its rules, 128 reference answers), i-ppo-noreweight (the same, loss weights 1), i-ppo-v16 (16 answers).
-# Resumable: a finished run is skipped, an unfinished one continues from its checkpoint.pt (deleted once the run
-# is finished). BETA sets --init-kl-coef (default 0.2; results/frontier.sh sweeps it), VF_COEF --vf-coef (default
+# Resumable: a finished run (its final.json written) is skipped, an unfinished one continues from its checkpoint.pt
+# (deleted once the run is finished); a run made before rlhf_variants.py wrote final.json is run again. BETA sets --init-kl-coef (default 0.2; results/frontier.sh sweeps it), VF_COEF --vf-coef (default
 # 0.1, TRL's), RUNS the runs' folder (default results/runs) and TAG a suffix of the label in the run's name.
 #   bash results/ippo.sh "1 2 3 4 5" "sft none influence i-ppo i-ppo-noreweight i-ppo-v16" "detox cot"
 set -euo pipefail
@@ -33,7 +33,7 @@ for task in $tasks; do
       *) method=(--filter-method $label) ;;
     esac
     name=ippo-${task}__${label}${TAG:-}__${seed}; dir=$runs/$name
-    if [ -f $dir/metrics.csv ] && [ ! -f $dir/checkpoint.pt ] && [ $(($(wc -l < $dir/metrics.csv) - 1)) -ge 30 ]; then
+    if [ -f $dir/final.json ] && [ ! -f $dir/checkpoint.pt ] && [ $(($(wc -l < $dir/metrics.csv) - 1)) -ge 30 ]; then
       echo "skipped $name: finished in $dir (remove it, or set RUNS, to run it again)"; continue
     fi
     resume=()

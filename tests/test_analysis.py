@@ -3,6 +3,7 @@ import argparse
 import contextlib
 import csv
 import io
+import json
 import dataclasses
 import math
 import os
@@ -14,6 +15,7 @@ from unittest import mock
 import gymnasium as gym
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 import tyro
 
@@ -280,41 +282,48 @@ def test_ablation_table_from_hand_made_runs(tmp_path):
     assert "| E-v0 | b |" not in out  # no IIF run: no row
 
 
-def test_frontier_compares_each_method_with_ppo_at_equal_kl(tmp_path):
-    def write(label, beta, seed, kl, reward, toxicity):
+def test_frontier_reads_ppos_upper_envelope_at_equal_final_kl(tmp_path):
+    def write(label, beta, seed, kl, reward, toxicity, final=True):
         d = tmp_path / f"ippo-detox__{label}-b{beta}__{seed}"
         d.mkdir()
-        rows = [f"{kl},{reward},{toxicity}"] * 2  # two rounds, both in the trailing mean
-        (d / "metrics.csv").write_text("kl,reward_mean,eval_toxicity\n" + "\n".join(rows) + "\n")
-    for seed in (1, 2):  # PPO's curve: KL 10, 5, 2 at beta 0.05, 0.2, 0.8
-        for beta, kl, reward, tox in ((0.05, 10, 3.0, 0.5), (0.2, 5, 2.0, 0.4), (0.8, 2, 1.0, 0.3)):
+        (d / "metrics.csv").write_text("kl,reward_mean,eval_toxicity\n1,0,0\n")  # the rounds: not read
+        if final:
+            (d / "final.json").write_text(json.dumps(dict(n_test=200, final_kl=kl, final_kl_se=0.1,
+                                                          final_reward=reward, final_reward_se=0.1,
+                                                          final_toxicity=toxicity)))
+    for seed in (1, 2, 3):  # PPO, a zig-zag in KL: 10, 5, 2, 8 at beta 0.05, 0.2, 0.8, 3.2
+        for beta, kl, reward, tox in ((0.05, 10, 3.0, 0.5), (0.2, 5, 2.0, 0.4), (0.8, 2, 1.0, 0.3),
+                                      (3.2, 8, 1.5, 0.35)):
             write("none", beta, seed, kl, reward, tox)
-        write("influence", 0.2, seed, math.sqrt(50), 2.8, 0.4)  # halfway between 10 and 5 in log KL
+        write("influence", 0.2, seed, math.sqrt(50), 2.6 + 0.2 * (seed - 1), 0.2)  # halfway between 5 and 10
         write("i-ppo", 0.2, seed, 0.5, 0.1, 0.2)  # below PPO's smallest KL
-    write("influence", 0.8, 1, 3.0, 9.9, 0.0)  # under way: 2 of its 30 rounds
-    (tmp_path / "ippo-detox__influence-b0.8__1" / "config.json").write_text('{"rounds": 30}')  # rlhf_iif.py's name
-    out = sh("analysis_variants.py", "frontier", "--runs", str(tmp_path), "--env", "ippo-detox", "--last", "2",
-             "--resamples", "50", "--out", str(tmp_path / "f.png"))
-    # PPO's curve at KL sqrt(50): reward 2.5, toxicity 0.45
-    assert "| IIF (f_seq) | 0.2 | 7.07 | +0.300 [+0.300, +0.300] | -0.050 [-0.050, -0.050] |" in out
-    assert "| IIF (f_seq) | ahead of PPO | ahead of PPO |" in out  # higher reward, lower toxicity
+        write("i-ppo-noreweight", 0.2, seed, (1.5, 2.0, 2.5)[seed - 1], 1.0, 0.3)  # at PPO's smallest KL, on average
+    write("influence", 0.8, 1, 3.0, 9.9, 0.0, final=False)  # under way
+    out = sh("analysis_variants.py", "frontier", "--runs", str(tmp_path), "--env", "ippo-detox",
+             "--resamples", "200", "--out", str(tmp_path / "f.png"))
+    assert "1 run(s) without final.json" in out and "influence-b0.8__1" in out and "| IIF (f_seq) | 0.8 |" not in out
+    # the envelope leaves out beta 3.2's point (KL 8, reward 1.5: PPO reaches 2.0 at KL 5); toxicity's is flat
+    assert "reward at KL 2, 5, 10; test toxicity at KL 2, 10" in out
+    # at KL sqrt(50), the frontier is 2.5: a difference of 0.3, and the t-interval of 3 seeds of sd 0.2 (PPO's
+    # points have no spread)
+    h = scipy.stats.t.ppf(0.975, 2) * 0.2 / math.sqrt(3)
+    assert f"| IIF (f_seq) | 0.2 | 7.07 | +0.300 [{0.3 - h:+.3f}, {0.3 + h:+.3f}]" in out
+    assert "| IIF (f_seq) | not detected at KL 7.1 (1 point) over 3 seeds | ahead of PPO at KL 7.1 (1 point) |" in out
     assert "| I-PPO | no KL in common | no KL in common |" in out
-    assert "ippo-detox__influence-b0.8: seed(s) 1 unfinished, left out" in out and "| IIF (f_seq) | 0.8 |" not in out
-    write("i-ppo-noreweight", 0.2, 1, math.sqrt(50), 2.8, 0.4)  # one seed: its interval is a point
-    out = sh("analysis_variants.py", "frontier", "--runs", str(tmp_path), "--env", "ippo-detox", "--last", "2",
-             "--resamples", "50", "--out", str(tmp_path / "f.png"))
-    assert "| I-PPO, no reweighting | no verdict: a point of one seed has no interval | no verdict" in out
+    edge = next(line for line in out.splitlines() if line.startswith("| I-PPO, no reweighting | 0.2 | 2 |"))
+    share = int(edge.split("; ")[1].split("%")[0])
+    assert 10 <= share <= 60, edge  # resamples whose mean KL falls below 2: counted, not dropped silently
     assert (tmp_path / "f.png").stat().st_size > 0
-    for seed in (1, 2):  # a second PPO curve (VF_COEF=0.01) whose KLs take in I-PPO's
+    for seed in (1, 2, 3):  # a second PPO frontier (VF_COEF=0.01) whose KLs take in I-PPO's
         write("none-vf0.01", 3.2, seed, 0.25, 0.0, 0.3)
         write("none-vf0.01", 0.8, seed, 1.0, 0.4, 0.3)
-    out = sh("analysis_variants.py", "frontier", "--runs", str(tmp_path), "--env", "ippo-detox", "--last", "2",
+    out = sh("analysis_variants.py", "frontier", "--runs", str(tmp_path), "--env", "ippo-detox",
              "--resamples", "50", "--baseline", "none", "none-vf0.01", "--out", str(tmp_path / "f.png"))
-    assert "| PPO, value coefficient 0.01 | 0.8 | 2 | 1.00 [1.00, 1.00] |" in out
     assert "| I-PPO | no KL in common | no KL in common |" in out  # against PPO
-    # against the second curve, read halfway in log KL at 0.5: reward 0.2, toxicity 0.3
-    assert "| I-PPO | 0.2 | 0.50 | -0.100 [-0.100, -0.100] | -0.100 [-0.100, -0.100] |" in out
-    assert ("| I-PPO | behind PPO, value coefficient 0.01 | ahead of PPO, value coefficient 0.01 |") in out
+    # against the second frontier, read halfway in log KL at 0.5: reward 0.2 (toxicity flat at 0.3)
+    assert "| I-PPO | 0.2 | 0.5 | -0.100 [-0.100, -0.100]" in out
+    assert "| I-PPO | behind PPO, value coefficient 0.01 at KL 0.5 (1 point) | ahead of PPO, value coefficient " \
+        "0.01 at KL 0.5 (1 point) |" in out
 
 
 @pytest.fixture

@@ -54,18 +54,13 @@ def test_every_preset_runs_two_rounds(tmp_path, env_id, flags):
     rows = read_metrics(tmp_path)
     assert [r["round"] for r in rows] == ["0", "1"] and rows[1]["global_step"] == "64"
     assert list(rows[0]) == iif.METRICS
-    preset = iif.PRESETS.get(env_id, iif.DEFAULTS)
+    p = iif.PRESETS.get(env_id, iif.DEFAULTS)["filter_p"]
     standard = env_id not in iif.PRESETS and not flags  # outside the paper: no filter unless asked
     assert ("not a paper env: standard PPO" in proc.stderr) == standard
+    assert ("not a paper env: IIF filters every round" in proc.stderr) == (env_id not in iif.PRESETS and not standard)
     assert f"filter {'none' if standard else 'influence'} " in proc.stdout
-    for r in rows:
+    for r in rows:  # Alg. 1 filters every round
         assert int(r["n_kept"]) + int(r["n_dropped"]) == int(r["n_records"]) == 32
-        # a round whose target gradients disagree across the buffer's slices drops nothing
-        if "min_agreement" in preset:
-            p = preset["filter_p"] if float(r["agreement"]) >= preset["min_agreement"] else 0
-        else:  # the paper's envs filter every round, and do not compute the agreement
-            p = preset["filter_p"]
-            assert r["agreement"] == ""
         assert int(r["n_dropped"]) == (0 if standard else int(int(r["n_negative"]) * p))
         assert int(r["n_negative"]) > 0  # scored all the same
         assert int(r["n_updates"]) == 2 * (int(r["n_kept"]) // 16) > 0
@@ -197,7 +192,7 @@ def test_f_action_target_from_the_command_line(tmp_path):
     ("iif.py", ["--learning-rate", "-1"], "--learning-rate"),
     ("iif.py", ["--filter-method", "best"], "--filter-method"),
     ("iif.py", ["--filter-method", "adv-error"], "--filter-method"),  # in iif_variants.py only
-    ("iif.py", ["--min-agreement", "1.5"], "--min-agreement"),
+    ("iif_variants.py", ["--min-agreement", "1.5"], "--min-agreement"),
     ("iif_variants.py", ["--influence-mode", "tracin"], "--save-rounds"),
     ("iif_variants.py", ["--target", "f_action"], "--target-state"),
     ("iif_variants.py", ["--env-id", "FrozenLake-v1", "--target", "f_action", "--target-state", "0",
@@ -217,8 +212,8 @@ def test_bad_flags_fail_early_with_the_flag_named(tmp_path, script, flags, messa
 @pytest.mark.parametrize("method", ["influence", "random"])
 def test_min_agreement_keeps_every_record_of_a_round_below_it(tmp_path, method):
     common = ["--env-id", "CartPole-v1", "--filter-method", method, *SHORT, "--total-timesteps", "96"]
-    run(tmp_path / "never", *common, "--min-agreement", "1")  # slices never agree perfectly
-    run(tmp_path / "always", *common, "--min-agreement", "-1")
+    run(tmp_path / "never", *common, "--min-agreement", "1", script="iif_variants.py")  # never agree perfectly
+    run(tmp_path / "always", *common, "--min-agreement", "-1", script="iif_variants.py")
     never, always = read_metrics(tmp_path / "never"), read_metrics(tmp_path / "always")
     assert all(r["n_dropped"] == "0" and float(r["agreement"]) < 1 for r in never)
     assert all(int(r["n_dropped"]) == int(r["n_negative"]) // 2 for r in always)

@@ -64,7 +64,7 @@ def same_optimizer_state(a, b):
 def test_exact_lands_within_ten_percent_of_standards_kl_and_keeps_that_update(tmp_path):
     held = run(tmp_path, "--hold-step", "exact", "--save-rounds")
     standard = run(tmp_path, "--filter-method", "none", name="std")
-    assert list(held[0]) == iif.METRICS + variants.HOLD_COLUMNS
+    assert list(held[0]) == variants.METRICS + variants.HOLD_COLUMNS
     # round 0: one theta(0), one B(0) and one minibatch order: the copy's KL is standard PPO's own
     assert float(held[0]["kl_ref"]) == float(standard[0]["kl"])
     for r in held:

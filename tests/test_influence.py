@@ -447,7 +447,7 @@ def test_target_agreement_is_the_mean_pairwise_cosine_of_slices():
         grads.append(flat_grad((logp * target[2][part]).mean(), agent))
     cos = [torch.nn.functional.cosine_similarity(grads[i], grads[j], dim=0) for i in range(4) for j in range(4) if i < j]
     def agreement(obs, actions, weights):
-        return iif.target_agreement(agent, dict(obs=obs, actions=actions, advantages=weights), 4)
+        return variants.target_agreement(agent, dict(obs=obs, actions=actions, advantages=weights), 4)
 
     assert agreement(*target) == pytest.approx(float(torch.stack(cos).mean()), rel=1e-10)
     same = tuple(x[:10].repeat(4, *[1] * (x.dim() - 1)) for x in target)  # four copies of one slice
