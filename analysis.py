@@ -639,7 +639,9 @@ def cmd_behavior_formation(args):
     config = load_config(args.run)
     cfg = SimpleNamespace(**config)
     rounds = saved_rounds(args.run)
-    final = agent_for(config, torch.load(os.path.join(args.run, "agent.pt")))
+    model = os.path.join(args.run, "iif.cleanrl_model")  # iif.py --save-model's; iif_variants.py writes agent.pt
+    final = agent_for(config, torch.load(model)["agent"] if os.path.exists(model) else
+                      torch.load(os.path.join(args.run, "agent.pt")))
     first = agent_for(config, load_round(args.run, rounds[0])["state_dict"])
     k_pick, i_pick = args.record if args.record else (rounds[-1], None)
     b_pick = load_round(args.run, k_pick)

@@ -22,7 +22,7 @@ import os
 import re
 import sys
 import time
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")  # highway-env imports pygame
 import gymnasium as gym
@@ -36,32 +36,36 @@ from torch.func import functional_call, jvp
 # App. B.1-B.2: the paper's budget, optimizer, filter p and test episodes for each environment.
 # envpool: the keyword arguments of its batched C++ port (without one: gymnasium only)
 PRESETS = {
-    "FrozenLake-v1": dict(
-        total_timesteps=102_400, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
-        eval_episodes=1000, env_kwargs=dict(map_name="4x4", is_slippery=False)),
-    "MiniGrid-Empty-8x8-v0": dict(
-        total_timesteps=81_920, optimizer="sgd", learning_rate=5e-3, filter_p=0.125,
-        eval_episodes=1000, envpool={}),
-    "Acrobot-v1": dict(
-        total_timesteps=102_400, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
-        eval_episodes=1000, envpool={}),
+    "FrozenLake-v1": dict(total_timesteps=102_400, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
+                          eval_episodes=1000, env_kwargs=dict(map_name="4x4", is_slippery=False)),
+    "MiniGrid-Empty-8x8-v0": dict(total_timesteps=81_920, optimizer="sgd", learning_rate=5e-3,
+                                  filter_p=0.125, eval_episodes=1000, envpool={}),
+    "Acrobot-v1": dict(total_timesteps=102_400, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
+                       eval_episodes=1000, envpool={}),
     "highway-v0": dict(  # App. B.2's clip at 0.5 (the release, which has no highway, clips none)
         total_timesteps=204_800, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
         eval_episodes=100, max_grad_norm=0.5, envpool=dict(vehicles_count=10),
         env_kwargs=dict(config=dict(  # a misspelt key is silently ignored
             vehicles_count=10, observation=dict(type="Kinematics"),
             action=dict(type="DiscreteMetaAction")))),
-    "LunarLander-v3": dict(
-        total_timesteps=307_200, optimizer="sgd", learning_rate=5e-3, filter_p=0.125,
-        eval_episodes=1000, envpool={}),
-    "BipedalWalker-v3": dict(
-        total_timesteps=1_024_000, optimizer="adam", learning_rate=3e-4, filter_p=0.0625,
-        eval_episodes=100, envpool={}),
+    "LunarLander-v3": dict(total_timesteps=307_200, optimizer="sgd", learning_rate=5e-3,
+                           filter_p=0.125, eval_episodes=1000, envpool={}),
+    "BipedalWalker-v3": dict(total_timesteps=1_024_000, optimizer="adam", learning_rate=3e-4,
+                             filter_p=0.0625, eval_episodes=100, envpool={}),
 }
 # any other env: SB3's PPO defaults, 50 rounds, no filter (it slowed CartPole and DoorKey: README)
 DEFAULTS = dict(total_timesteps=102_400, optimizer="adam", learning_rate=3e-4, filter_p=0.5,
                 eval_episodes=100, filter_method="none")
 MAX_EPISODE_STEPS = 1000  # the time limit of an env registered without one
+
+
+def preset_of(env_id):
+    return {"filter_method": "influence", "max_grad_norm": 0.0, **PRESETS.get(env_id, DEFAULTS)}
+
+
+def by_preset(key):  # --help's default of a flag each env's preset sets
+    values = ", ".join(f"{env.split('-')[0]} {preset_of(env)[key]}" for env in PRESETS)
+    return tyro.conf.arg(help_behavior_hint=f"(default: {values}; other envs {preset_of(None)[key]})")
 OUTSIDE = dict(  # the line an env without a preset prints (README: "Outside the paper's six environments")
     none="not a paper env: standard PPO (--filter-method influence filters)",
     influence="not a paper env: IIF filters every round, as Alg. 1; measured so, it was slower than standard "
@@ -74,21 +78,22 @@ class Args:
     env_id: str = "Acrobot-v1"
     """gymnasium id: a paper preset, or any env with Box/Discrete spaces (or module:id); one
     registered without a time limit gets one of MAX_EPISODE_STEPS = 1000"""
-    total_timesteps: Optional[int] = None
-    """environment steps of training, a multiple of num-steps x num-envs (None: the preset's)"""
-    optimizer: Optional[Literal["sgd", "adam"]] = None
-    """sgd (TracIn's setting) or adam (None: the preset's)"""
-    learning_rate: Optional[float] = None
-    """optimizer learning rate (None: the preset's)"""
-    filter_p: Optional[float] = None
-    """fraction p in (0, 1] of the negative-influence records dropped each round (None: preset's)"""
-    eval_episodes: Optional[int] = None
-    """test episodes after every round (None: the preset's)"""
-    filter_method: Optional[Literal["influence", "random", "none"]] = None
+    total_timesteps: Annotated[Optional[int], by_preset("total_timesteps")] = None
+    """environment steps of training, a multiple of num-steps x num-envs"""
+    optimizer: Annotated[Optional[Literal["sgd", "adam"]], by_preset("optimizer")] = None
+    """sgd (TracIn's setting) or adam"""
+    learning_rate: Annotated[Optional[float], by_preset("learning_rate")] = None
+    """optimizer learning rate"""
+    filter_p: Annotated[Optional[float], by_preset("filter_p")] = None
+    """fraction p in (0, 1] of the negative-influence records dropped each round"""
+    eval_episodes: Annotated[Optional[int], by_preset("eval_episodes")] = None
+    """test episodes after every round"""
+    filter_method: Annotated[Optional[Literal["influence", "random", "none"]],
+                             by_preset("filter_method")] = None
     """influence: IIF; random: drop as many records at random; none: standard PPO, records scored
-    and none dropped (None: influence on the paper's envs, none on others)"""
-    max_grad_norm: Optional[float] = None
-    """gradient-norm clip; 0: none (None: 0, as the released code, but 0.5 on highway)"""
+    and none dropped"""
+    max_grad_norm: Annotated[Optional[float], by_preset("max_grad_norm")] = None
+    """gradient-norm clip; 0: none (the released code; App. B.2's 0.5 on highway)"""
     num_envs: int = 1
     """parallel environments collecting the buffer"""
     num_steps: int = 2048
@@ -109,28 +114,47 @@ class Args:
     """value loss coefficient"""
     seed: int = 1
     """seed of torch, numpy, the environments and the random filter"""
-    run_name: Optional[str] = None
-    """results go to <runs-dir>/<run-name>/ (default: env__method__seed__time)"""
+    run_name: Annotated[Optional[str], tyro.conf.arg(
+        help_behavior_hint="(default: <env-id>__<filter-method>__<seed>__<time>)")] = None
+    """results go to <runs-dir>/<run-name>/"""
     runs_dir: str = "runs"
     """parent folder of the run folders"""
     save_rounds: bool = False
     """also write <run>/rounds/round_KKKK.pt: theta(k) and the scored buffer B(k) of every round"""
     env_backend: Literal["auto", "gymnasium", "envpool"] = "auto"
     """gymnasium (the paper's), envpool (C++ ports, iif_envpool.py) or auto: envpool where ported"""
+    cuda: bool = True
+    """run the agent on CUDA where there is a GPU (else the CPU)"""
+    torch_deterministic: bool = True
+    """torch.backends.cudnn.deterministic"""
+    track: bool = False
+    """also log to Weights & Biases, syncing the TensorBoard scalars (pip install wandb)"""
+    wandb_project_name: str = "iif"
+    """the wandb project"""
+    wandb_entity: Annotated[Optional[str], tyro.conf.arg(help_behavior_hint="(default: yours)")] = None
+    """the wandb entity (team)"""
+    capture_video: bool = False
+    """record a test episode to videos/<run-name>/ every tenth of the rounds (pip install moviepy)"""
+    save_model: bool = False
+    """write the trained agent and its flags to <runs-dir>/<run-name>/iif.cleanrl_model (so does
+    --save-rounds)"""
+    eval_model: Annotated[Optional[str], tyro.conf.arg(help_behavior_hint="(default: train)")] = None
+    """no training: test the agent of an iif.cleanrl_model on its env (--eval-episodes, --capture-video)"""
     # filled in by resolve_args, not flags
     batch_size: tyro.conf.Suppress[int] = 0
     num_rounds: tyro.conf.Suppress[int] = 0
 
 
 # ---- The environment and the agent (App. B.2) ----
-def make_env(env_id):
+def make_env(env_id, render_mode=None):
     """A thunk building one env whose observation is a flat float vector or an (H, W, C) image."""
 
     def thunk():
         for module in ("minigrid", "highway_env"):  # they register their ids on import
             if env_id not in gym.registry and importlib.util.find_spec(module):
                 importlib.import_module(module)
-        env = gym.make(env_id, **PRESETS.get(env_id, {}).get("env_kwargs", {}))
+        frames = {"render_mode": render_mode} if render_mode else {}  # not every env takes the keyword
+        env = gym.make(env_id, **frames, **PRESETS.get(env_id, {}).get("env_kwargs", {}))
         if env.spec is None or env.spec.max_episode_steps is None:  # else a policy may never stop
             env = gym.wrappers.TimeLimit(env, MAX_EPISODE_STEPS)
         if env_id.startswith("MiniGrid"):
@@ -221,34 +245,39 @@ class Agent(nn.Module):
 
 def env_action(agent, action, act_space):
     if agent.continuous:
-        return np.clip(action.numpy(), act_space.low, act_space.high)
-    return action.numpy()
+        return np.clip(action.cpu().numpy(), act_space.low, act_space.high)
+    return action.cpu().numpy()
+
+
+def as_tensor(x, agent):  # observations, on the agent's device
+    return torch.as_tensor(x, dtype=torch.float32, device=next(agent.parameters()).device)
 
 
 # ---- Stage I of Alg. 1: the rollout buffer B(k) and its advantages (Sec. 2.1) ----
-def collect_rollout(agent, envs, next_obs, ep_ret, args):
+def collect_rollout(agent, envs, next_obs, ep, args):
     """B(k): num-steps steps of every env with the policy at theta(k), with log pi(a|s), V(s) and
     GAE advantages; record t * num_envs + e is step t of env e. Also returns the next observation
-    and the mean return of the episodes that ended (nan if none); ep_ret carries those under way."""
+    and the mean return and length of the episodes that ended (nan if none); ep carries the returns
+    and lengths, (2, num_envs), of those under way."""
     T, N, act_space = args.num_steps, args.num_envs, envs.single_action_space
     obs = np.zeros((T, N) + envs.single_observation_space.shape, dtype=np.float32)
     actions = np.zeros((T, N) + act_space.shape, dtype=np.float32 if agent.continuous else np.int64)
     rewards = np.zeros((T, N), dtype=np.float32)
     terminations, truncations = np.zeros((T, N), dtype=bool), np.zeros((T, N), dtype=bool)
-    train_returns, truncated = [], []
+    ended, truncated = [], []
     for step in range(T):
         obs[step] = next_obs
-        action = agent.act(torch.as_tensor(next_obs, dtype=torch.float32))
-        actions[step] = action
+        action = agent.act(as_tensor(next_obs, agent))
+        actions[step] = action.cpu()
         next_obs, rewards[step], terminations[step], truncations[step], info = envs.step(
             env_action(agent, action, act_space))
-        ep_ret += rewards[step]
+        ep += [rewards[step], np.ones(N)]
         for i in np.flatnonzero(terminations[step] | truncations[step]):
-            train_returns.append(ep_ret[i])
-            ep_ret[i] = 0.0
+            ended.append(ep[:, i].copy())
+            ep[:, i] = 0.0
             if truncations[step, i] and not terminations[step, i]:
                 truncated.append((step, i, info["final_obs"][i]))
-    r = {key: torch.from_numpy(v) for key, v in dict(
+    r = {key: torch.from_numpy(v).to(as_tensor(0, agent).device) for key, v in dict(
         obs=obs, actions=actions, rewards=rewards, terminations=terminations.astype(np.float32),
         dones=(terminations | truncations).astype(np.float32)).items()}
     with torch.no_grad():  # log pi(a|s) and V(s) at theta(k) of all records in one batched pass
@@ -256,17 +285,18 @@ def collect_rollout(agent, envs, next_obs, ep_ret, args):
     r["logprobs"], r["values"] = logprobs.view(T, N), values.view(T, N)
     # next_values[t]: V of the state after step t (of the final observation where an episode was
     # truncated: bootstrapped, as SB3 does)
-    last_value = agent.value(torch.as_tensor(next_obs, dtype=torch.float32))
+    last_value = agent.value(as_tensor(next_obs, agent))
     r["next_values"] = torch.cat([r["values"][1:], last_value[None]])
     if truncated:
         steps, env_ids, final_obs = zip(*truncated)
-        final_obs = torch.as_tensor(np.stack(final_obs), dtype=torch.float32)
+        final_obs = as_tensor(np.stack(final_obs), agent)
         r["next_values"][steps, env_ids] = agent.value(final_obs)
     r["advantages"], r["returns"] = compute_gae(
         r["rewards"], r["values"], r["next_values"], r["terminations"], r["dones"], args.gamma,
         args.gae_lambda)
-    train_return = float(np.mean(train_returns)) if train_returns else float("nan")
-    return {key: v.flatten(0, 1) for key, v in r.items()}, next_obs, train_return
+    train_return, train_length = np.mean(ended, 0) if ended else (float("nan"),) * 2
+    return {key: v.flatten(0, 1) for key, v in r.items()}, next_obs, float(train_return), float(
+        train_length)
 
 
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
@@ -288,7 +318,7 @@ def normalize(x):
 
 
 # ---- Stage II of Alg. 1: the target function, the influence of every record, the filter ----
-DIAGNOSTICS = ("pg_loss", "vf_loss", "entropy", "approx_kl", "clip_frac")  # PPO's, per update
+DIAGNOSTICS = ("pg_loss", "vf_loss", "entropy", "old_approx_kl", "approx_kl", "clip_frac")  # per update
 def ppo_losses(agent, b, idx, args, params=None, adv=None, vf_coef=None, parts=None):
     """Per-record PPO loss l_i (Sec. 2.1) of records idx; an optimizer step minimises its mean.
     params: parameters to evaluate the agent at (torch.func); adv, vf_coef: defaults b's, args';
@@ -304,9 +334,9 @@ def ppo_losses(agent, b, idx, args, params=None, adv=None, vf_coef=None, parts=N
     clipped_ratio = ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
     pg_loss = -torch.min(ratio * adv, clipped_ratio * adv)
     v_loss = (b["returns"][idx] - value) ** 2  # as SB3: no 1/2 and no value clipping
-    if parts is not None:  # CleanRL's approx KL, (r - 1) - log r, and clip fraction
+    if parts is not None:  # CleanRL's approx KLs, -log r and (r - 1) - log r, and clip fraction
         r = ratio.detach()
-        parts.update(zip(DIAGNOSTICS, (pg_loss.detach(), v_loss.detach(), entropy.detach(),
+        parts.update(zip(DIAGNOSTICS, (pg_loss.detach(), v_loss.detach(), entropy.detach(), -r.log(),
                                        r - 1 - r.log(), ((r - 1).abs() > args.clip_coef).float())))
     return pg_loss + vf_coef * v_loss - args.ent_coef * entropy
 
@@ -347,7 +377,7 @@ def filter_records(scores, method, p, gen):
     """Alg. 1, Stage II: (kept mask, n_negative). 'influence' drops the bottom floor(p x n_negative)
     records; 'random' as many uniformly at random; 'none' nothing (standard PPO)."""
     n_neg = int((scores < 0).sum())
-    kept = torch.ones(len(scores), dtype=torch.bool)
+    kept = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
     if method == "none":
         return kept, n_neg
     n_drop = math.floor(p * n_neg + 1e-9)  # 1e-9: 0.29 * 100 = 28.999..
@@ -355,7 +385,7 @@ def filter_records(scores, method, p, gen):
     if n_drop < len(scores):  # records tied with the first one kept stay too (the released code)
         n_drop = int((scores < scores[order[n_drop]]).sum())
     if method == "random":
-        order = torch.randperm(len(scores), generator=gen)
+        order = torch.randperm(len(scores), generator=gen).to(scores.device)
     kept[order[:n_drop]] = False
     return kept, n_neg
 
@@ -373,7 +403,7 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng):
     steps and the means over them of the DIAGNOSTICS."""
     n_updates, stats = 0, []
     for epoch in range(args.update_epochs):
-        perm = kept_idx[torch.as_tensor(rng.permutation(len(kept_idx)))]
+        perm = kept_idx[torch.as_tensor(rng.permutation(len(kept_idx)), device=kept_idx.device)]
         for start in range(0, len(perm) - args.minibatch_size + 1, args.minibatch_size):
             mb_inds = perm[start:start + args.minibatch_size]
             mb_adv = normalize(b["advantages"][mb_inds])  # per minibatch, after filtering (SB3)
@@ -389,7 +419,7 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng):
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
             n_updates += 1
-    return n_updates, dict(zip(DIAGNOSTICS, np.mean(stats, 0) if stats else [None] * 5))
+    return n_updates, dict(zip(DIAGNOSTICS, np.mean(stats, 0) if stats else [None] * len(DIAGNOSTICS)))
 
 
 def explained_variance(b):
@@ -415,8 +445,7 @@ def evaluate(agent, envs, n_episodes, seed):
     subset = not isinstance(envs, gym.vector.VectorEnv)  # envpool's can step only some envs
     while (done_count < quota).any():
         live = np.flatnonzero(done_count < quota) if subset else np.arange(n)
-        action = agent.act(torch.as_tensor(obs[live], dtype=torch.float32))
-        action = env_action(agent, action, envs.single_action_space)
+        action = env_action(agent, agent.act(as_tensor(obs[live], agent)), envs.single_action_space)
         if subset:
             obs[live], reward, term, trunc, _ = envs.step(action, live)
         else:
@@ -430,22 +459,40 @@ def evaluate(agent, envs, n_episodes, seed):
     return float(np.mean(returns)), float(np.std(returns))
 
 
-METRICS = ["round", "global_step", "train_return", "test_return_mean", "test_return_std",
+METRICS = ["round", "global_step", "train_return", "train_length", "test_return_mean", "test_return_std",
            "n_records", "n_kept", "n_dropped", "n_negative", "n_updates", "kl",
            "t_rollout", "t_influence", "t_optim", "t_eval", *DIAGNOSTICS, "explained_var"]
+
+
+# TensorBoard: CleanRL's scalar names, and IIF's under iif/ (metrics.csv's columns)
+SCALARS = {"charts/episodic_return": "train_return", "charts/episodic_length": "train_length",
+           "charts/SPS": "sps", "losses/value_loss": "vf_loss", "losses/policy_loss": "pg_loss",
+           "losses/entropy": "entropy", "losses/old_approx_kl": "old_approx_kl",
+           "losses/approx_kl": "approx_kl", "losses/clipfrac": "clip_frac",
+           "losses/explained_variance": "explained_var", "iif/test_return": "test_return_mean",
+           "iif/n_kept": "n_kept", "iif/n_negative": "n_negative", "iif/n_dropped": "n_dropped",
+           "iif/kl": "kl", "iif/influence_seconds": "t_influence"}
 
 
 # ---- The loop of Alg. 1 ----
 def main(args):
     torch.set_num_threads(1)  # small networks run fastest on one thread
     torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
     rng = np.random.default_rng(args.seed)  # minibatch shuffling
     gen = torch.Generator().manual_seed(args.seed)  # random filtering
     envs = make_vec(args, args.num_envs)
     # test episodes: one env each on envpool, 16 Python envs on gymnasium
     eval_envs = make_vec(args, args.eval_episodes if args.env_backend == "envpool" else
                          min(16, args.eval_episodes))
-    agent = Agent(envs.single_observation_space, envs.single_action_space)
+    agent = Agent(envs.single_observation_space, envs.single_action_space).to(device)
+    if args.eval_model:  # no training: the saved agent's test return (and a video)
+        agent.load_state_dict(torch.load(args.eval_model, map_location=device)["agent"])
+        if args.capture_video:
+            record_video(agent, args, 0)
+        return print(f"{args.eval_model}: test return %.3f +- %.3f over {args.eval_episodes} episodes"
+                     % evaluate(agent, eval_envs, args.eval_episodes, args.seed + 10_000))
     optimizer = make_optimizer(agent, args)
     run_dir = os.path.join(args.runs_dir, args.run_name)
     if os.path.exists(os.path.join(run_dir, "metrics.csv")):
@@ -456,15 +503,24 @@ def main(args):
     metrics_file = open(os.path.join(run_dir, "metrics.csv"), "w", newline="")
     metrics = csv.DictWriter(metrics_file, fieldnames=METRICS)
     metrics.writeheader()
-    print(f"{args.env_id} on {args.env_backend}: {args.num_rounds} rounds of {args.batch_size} "
-          f"records, filter {args.filter_method} p={args.filter_p}, {args.optimizer} "
-          f"lr={args.learning_rate}, {args.eval_episodes} test episodes a round -> {run_dir}")
+    if args.track:  # wandb, imported only when asked
+        import wandb
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=dataclasses.asdict(args), name=args.run_name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+    writer = SummaryWriter(run_dir)  # tensorboard --logdir runs
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+        f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items()))
+    print(f"{args.env_id} on {args.env_backend}, {device}: {args.num_rounds} rounds of "
+          f"{args.batch_size} records, filter {args.filter_method} p={args.filter_p}, {args.optimizer}"
+          f" lr={args.learning_rate}, {args.eval_episodes} test episodes a round -> {run_dir}")
     next_obs, _ = envs.reset(seed=args.seed)
-    ep_ret = np.zeros(args.num_envs)  # the returns of the episodes under way
+    ep = np.zeros((2, args.num_envs))  # the returns and lengths of the episodes under way
+    start = time.perf_counter()
     for k in range(args.num_rounds):
         t0 = time.perf_counter()
         # Stage I (Alg. 1): collect the rollout buffer B(k) with the policy at theta(k)
-        b, next_obs, train_return = collect_rollout(agent, envs, next_obs, ep_ret, args)
+        b, next_obs, train_return, train_length = collect_rollout(agent, envs, next_obs, ep, args)
         t1 = time.perf_counter()
 
         # Stage II (Alg. 1): score every record at theta(k) (Sec. 5.1), drop the bottom ones
@@ -484,10 +540,13 @@ def main(args):
         t3 = time.perf_counter()
         test_mean, test_std = evaluate(agent, eval_envs, args.eval_episodes, args.seed + 10_000)
         t4 = time.perf_counter()
+        if args.capture_video and k % max(1, args.num_rounds // 10) == 0:
+            record_video(agent, args, k)
 
         ended = not math.isnan(train_return)  # some training episode ended in this round
         row = dict(round=k, global_step=(k + 1) * args.batch_size,
-                   train_return=train_return if ended else None, test_return_mean=test_mean,
+                   train_return=train_return if ended else None,
+                   train_length=train_length if ended else None, test_return_mean=test_mean,
                    test_return_std=test_std, n_records=args.batch_size, n_kept=int(kept.sum()),
                    n_dropped=int((~kept).sum()), n_negative=n_negative,
                    n_updates=n_updates, kl=approx_kl(agent, b), t_rollout=t1 - t0,
@@ -495,19 +554,41 @@ def main(args):
                    explained_var=explained_variance(b))
         metrics.writerow(row)
         metrics_file.flush()  # an interrupted run keeps every finished round
+        sps = int(row["global_step"] / (time.perf_counter() - start))
+        for tag, key in SCALARS.items():
+            if {**row, "sps": sps}[key] is not None:
+                writer.add_scalar(tag, {**row, "sps": sps}[key], row["global_step"])
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], row["global_step"])
+        writer.add_histogram("iif/influence", scores, row["global_step"])
         if args.save_rounds:
             torch.save(dict(b, round=k, global_step=row["global_step"], state_dict=theta_k,
                             influence=scores, kept=kept, influence_tracin=None, target="f_return"),
                        os.path.join(run_dir, "rounds", f"round_{k:04d}.pt"))
-        print(f"round {k} [{k + 1}/{args.num_rounds}] step {row['global_step']} | train "
+        print(f"round {k} [{k + 1}/{args.num_rounds}] step {row['global_step']} SPS {sps} | train "
               f"{f'{train_return:.3f}' if ended else '(no episode ended)'} test {test_mean:.3f} +- "
               f"{test_std:.3f} | kept {row['n_kept']}/{args.batch_size} (neg {n_negative}) "
               f"| s: rollout {t1 - t0:.2f} influence {t2 - t1:.2f} optim {t3 - t2:.2f} eval "
               f"{t4 - t3:.2f}", flush=True)
-    torch.save(agent.state_dict(), os.path.join(run_dir, "agent.pt"))
+    if args.save_model or args.save_rounds:  # python iif.py --eval-model <run>/iif.cleanrl_model
+        torch.save(dict(args=dataclasses.asdict(args), agent=agent.state_dict()),
+                   os.path.join(run_dir, "iif.cleanrl_model"))
+    writer.close()
     metrics_file.close()
     envs.close()
     eval_envs.close()
+
+
+def record_video(agent, args, k):
+    """--capture-video: one test episode to videos/<run-name>/, drawn from a generator of its own"""
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames without a screen
+    env = gym.vector.SyncVectorEnv([lambda: gym.wrappers.RecordVideo(
+        make_env(args.env_id, "rgb_array")(), f"videos/{args.run_name}", name_prefix=f"round-{k}",
+        disable_logger=True)])
+    device = as_tensor(0, agent).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(args.seed + 20_000 + k)
+        evaluate(agent, env, 1, args.seed + 20_000 + k)
+    env.close()
 
 
 def fail(msg):
@@ -517,7 +598,16 @@ def fail(msg):
 def resolve_args(args):
     """Fill in the env's preset and the sizes; check the flags and the env. Bad input stops here,
     before anything is written, naming the flag."""
-    preset = {"filter_method": "influence", "max_grad_norm": 0.0, **PRESETS.get(args.env_id, DEFAULTS)}
+    if args.eval_model:  # the saved run's env; the test's flags from this command
+        try:
+            saved = torch.load(args.eval_model, map_location="cpu")["args"]
+        except (OSError, KeyError, RuntimeError, TypeError) as e:
+            fail(f"--eval-model {args.eval_model!r} is not an iif.cleanrl_model ({type(e).__name__}: {e})")
+        args.env_id, args.run_name = saved["env_id"], args.run_name or saved["run_name"] + "-eval"
+    for flag, package in [("track", "wandb"), ("capture_video", "moviepy")]:
+        if getattr(args, flag) and not importlib.util.find_spec(package):
+            fail(f"--{flag.replace('_', '-')} needs {package}: pip install {package}")
+    preset = preset_of(args.env_id)
     if args.env_id not in PRESETS and (args.filter_method or "none") in OUTSIDE:
         print(OUTSIDE[args.filter_method or "none"], file=sys.stderr)
     for key in ("total_timesteps", "optimizer", "learning_rate", "filter_p", "eval_episodes",
@@ -551,6 +641,9 @@ def resolve_args(args):
     except (gym.error.Error, ImportError) as e:
         fail(f"--env-id {args.env_id!r} cannot be made ({type(e).__name__}: {e})")
     obs_space, act_space = env.single_observation_space, env.single_action_space
+    if args.capture_video and "rgb_array" not in env.metadata.get("render_modes", []):
+        fail(f"--capture-video: {args.env_id} does not render rgb_array frames "
+             f"(render modes {env.metadata.get('render_modes', [])})")
     env.close()
     if not (isinstance(obs_space, gym.spaces.Box) and len(obs_space.shape) in (1, 3)) or not (
             isinstance(act_space, gym.spaces.Discrete) or isinstance(act_space, gym.spaces.Box)

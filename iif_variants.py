@@ -105,6 +105,17 @@ class Args(iif.Args):
     eval_envs: Optional[int] = None
     """parallel test environments (None: one per episode on envpool, 16 on gymnasium)"""
 
+    # iif.py's TensorBoard, wandb, videos, saved model and device: not here (metrics.csv, checkpoint.pt
+    # and agent.pt; the CPU)
+    cuda: tyro.conf.Suppress[bool] = False
+    torch_deterministic: tyro.conf.Suppress[bool] = True
+    track: tyro.conf.Suppress[bool] = False
+    wandb_project_name: tyro.conf.Suppress[str] = ""
+    wandb_entity: tyro.conf.Suppress[Optional[str]] = None
+    capture_video: tyro.conf.Suppress[bool] = False
+    save_model: tyro.conf.Suppress[bool] = False
+    eval_model: tyro.conf.Suppress[Optional[str]] = None
+
     # filled in by resolve_args (not flags): the preset's gym.make keyword arguments, f_action's
     # state and action as vectors
     env_kwargs: tyro.conf.Suppress[dict] = dataclasses.field(default_factory=dict)
@@ -458,7 +469,7 @@ def main(args):
     optimizer = make_optimizer(agent, args) if args.hold_step == "none" else held_optimizer(agent, args)
     run = Run(args, agent, optimizer, rng, gen)  # the run folder; --resume restores its last round
     next_obs, _ = envs.reset(seed=args.seed + 100_000 * run.start)  # a resumed run: new episodes
-    ep_ret = np.zeros(args.num_envs)
+    ep_ret = np.zeros((2, args.num_envs))  # the returns and lengths of the episodes under way
     all_records = torch.arange(args.batch_size)
     try:
         for k in range(run.start, args.num_rounds):
@@ -467,7 +478,8 @@ def main(args):
                 next_obs = reseed_round(envs, ep_ret, args)
             # Stage I (Alg. 1)
             with timed("t_rollout"):
-                b, next_obs, train_return = collect_rollout(agent, envs, next_obs, ep_ret, args)
+                b, next_obs, train_return, train_length = collect_rollout(agent, envs, next_obs,
+                                                                          ep_ret, args)
 
             # Stage II (Alg. 1)
             with timed("t_influence"):
@@ -511,6 +523,7 @@ def main(args):
 
             row = dict(round=k, global_step=(k + 1) * args.batch_size,
                        train_return=None if math.isnan(train_return) else train_return,
+                       train_length=None if math.isnan(train_length) else train_length,
                        test_return_mean=test[0], test_return_std=test[1],
                        n_records=args.batch_size, n_kept=int(kept.sum()),
                        n_dropped=int((~kept).sum()), n_negative=n_negative, agreement=agreement,
@@ -600,7 +613,8 @@ METRICS = iif.METRICS[:iif.METRICS.index("n_negative") + 1] + ["agreement"] + ii
     iif.METRICS.index("n_negative") + 1:]
 # flags a resumed run may change, and the values resolve_args derives from the others
 NOT_COMPARED = ("resume", "threads", "runs_dir", "batch_size", "num_rounds", "env_kwargs",
-                "target_obs", "target_act")
+                "target_obs", "target_act", "cuda", "torch_deterministic", "track", "wandb_project_name",
+                "wandb_entity", "capture_video", "save_model", "eval_model")
 # flags newer than some saved runs: a config.json without them was made with them off
 ADDED_FLAGS = dict(min_agreement=-1.0, influence_precond="none", target_kl=0.0, score_log_std=True,
                    reseed_rounds=False, hold_step="none", hold_to="standard")

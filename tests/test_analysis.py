@@ -239,7 +239,7 @@ def test_episode_returns_by_hand():
 
 def test_dropped_subcommand(tmp_path):
     saved = iif_run(tmp_path, "cp", "--env-id", "CartPole-v1", "--filter-method", "influence", "--save-rounds",
-                    "--min-agreement", "-1", "--total-timesteps", "512", *TINY)
+                    "--total-timesteps", "512", *TINY)
     out = sh("analysis_variants.py", "dropped", "--run", saved)
     rows = [line.split(" | ") for line in out.splitlines() if re.match(r"\| \d", line)]
     metrics = analysis.read_metrics(os.path.join(saved, "metrics.csv"))

@@ -3,6 +3,7 @@ import contextlib
 import csv
 import io
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -312,5 +313,5 @@ def test_an_env_without_a_time_limit_gets_one_and_a_round_without_ended_episodes
     out = capsys.readouterr().out
     rows = read_metrics(tmp_path)
     assert [r["train_return"] == "" for r in rows] == [True, False]  # the first episode ends at step 1000
-    assert "round 0 [1/2] step 600 | train (no episode ended) test" in out and "nan" not in out
+    assert re.search(r"round 0 \[1/2\] step 600 SPS \d+ \| train \(no episode ended\) test", out) and "nan" not in out
     assert float(rows[0]["test_return_mean"]) <= 1000  # test episodes end at 1000 steps too

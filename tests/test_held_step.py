@@ -35,7 +35,7 @@ def setup(tmp_path, *flags):
     envs = variants.make_vec(args, 1)
     agent = iif.Agent(envs.single_observation_space, envs.single_action_space)
     next_obs, _ = envs.reset(seed=0)
-    b, _, _ = iif.collect_rollout(agent, envs, next_obs, np.zeros(1), args)
+    b = iif.collect_rollout(agent, envs, next_obs, np.zeros((2, 1)), args)[0]
     return args, agent, variants.held_optimizer(agent, args), np.random.default_rng(0), b
 
 

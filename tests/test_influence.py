@@ -301,7 +301,7 @@ def test_the_rollout_uses_the_flags_gamma_and_lambda():
     envs = iif.make_vec(args, 2)
     agent = iif.Agent(envs.single_observation_space, envs.single_action_space)
     obs, _ = envs.reset(seed=0)
-    b = iif.collect_rollout(agent, envs, obs, np.zeros(2), args)[0]
+    b = iif.collect_rollout(agent, envs, obs, np.zeros((2, 2)), args)[0]
     assert b["dones"].sum() > 0  # episodes end inside the buffer: the cut matters
     shape = lambda k: b[k].view(64, 2).double()  # noqa: E731  record t * num_envs + e
     ref = reference_gae(*(shape(k) for k in ("rewards", "values", "next_values", "terminations", "dones")), 0.9, 0.5)
