@@ -330,7 +330,11 @@ class IIFGRPOTrainer(GRPOTrainer):
         if self.iif_args.filter_method != "none":
             b = keep_only(self, b, kept)
         self.t_stage2_end = timer()
-        self._metrics["train"]["iif/kept_fraction"].append(float(kept.float().mean()))
+        for key, value in [("iif/kept_fraction", float(kept.float().mean())), ("iif/n_kept", int(kept.sum())),
+                           ("iif/n_negative", None if scores is None else int((scores < 0).sum())),
+                           ("iif/influence_seconds", self.t_stage2_end - t0)]:  # to --report-to
+            if value is not None:
+                self._metrics["train"][key].append(value)
         self.row = dict(round=self.rounds_done, step=self.state.global_step, completions=len(rewards),
                         reward_mean=rewards.nanmean().item(), reward_std=rewards.std().item(),
                         n_kept=int(kept.sum()),

@@ -65,7 +65,13 @@ class Args:
     run_name: Optional[str] = None
     """results go to <runs-dir>/<run-name>/ (default: rlhf__method__seed__time)"""
     runs_dir: str = "runs"
-    """parent folder of the run folders"""
+    """parent folder of the run folders; TensorBoard's too (tensorboard --logdir runs)"""
+    track: bool = False
+    """also log to Weights & Biases, syncing the TensorBoard scalars (pip install wandb)"""
+    wandb_project_name: str = "iif-rlhf"
+    """the wandb project"""
+    wandb_entity: Optional[str] = None
+    """the wandb entity (team; default: yours)"""
     device: Optional[str] = None
     """torch device (default: cuda when available, else cpu)"""
     dtype: Optional[Literal["bfloat16", "float32"]] = None
@@ -754,6 +760,8 @@ def make_optimizer(policy, args, device):
 def resolve_args(args, resuming=False):
     """Check every flag before anything is loaded; fail early with the flag's name. resuming: the
     run folder may hold the run (rlhf_variants.py --resume)."""
+    if args.track and not importlib.util.find_spec("wandb"):
+        fail("--track needs wandb: pip install wandb")
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -805,6 +813,16 @@ METRICS = ["round", "episodes", "reward_mean", "reward_std", "kl", "kl_coef", "n
            "t_influence", "t_optim", "t_eval", *DIAGNOSTICS, "explained_var"]
 
 
+# TensorBoard: TRL 0.11's PPOTrainer names for metrics.csv's columns, and IIF's under iif/
+SCALARS = {"objective/kl": "kl", "objective/kl_coef": "kl_coef", "objective/scores": "reward_mean",
+           "env/reward_mean": "reward_mean", "env/reward_std": "reward_std", "ppo/loss/total": "loss",
+           "ppo/loss/policy": "pg_loss", "ppo/loss/value": "vf_loss", "ppo/policy/approxkl": "approx_kl",
+           "ppo/policy/clipfrac": "clip_frac", "ppo/val/clipfrac": "vf_clip_frac",
+           "ppo/val/var_explained": "explained_var", "iif/n_kept": "n_kept",
+           "iif/n_negative": "n_negative", "iif/eval_toxicity": "eval_toxicity",
+           "iif/eval_accuracy": "eval_accuracy", "iif/influence_seconds": "t_influence"}
+
+
 class Run:
     """<runs-dir>/<run-name>/: config.json, metrics.csv (a row per round), episodes.jsonl (every
     episode, its reward, influence and fate; hence a class, which rlhf_variants.py reuses), flushed
@@ -825,6 +843,12 @@ class Run:
         self.writer = csv.DictWriter(self.metrics_file, fieldnames=columns)
         self.writer.writeheader()
         self.episodes_file = open(os.path.join(self.dir, "episodes.jsonl"), "w")
+        if args.track:  # wandb, imported only when asked
+            import wandb
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, name=args.run_name,
+                       sync_tensorboard=True, config=vars(args))
+        from torch.utils.tensorboard import SummaryWriter
+        self.writer_tb = SummaryWriter(self.dir)  # TRL's PPO names, and IIF's under iif/
 
     def end_round(self, row, b, queries, scores, kept, tokenizer, **fields):
         """Write the round's row and episodes (fields: more per-episode lists); print its line"""
@@ -838,6 +862,11 @@ class Run:
                            **{name: values[i] for name, values in fields.items()})
             self.episodes_file.write(json.dumps(episode) + "\n")
         self.episodes_file.flush()
+        for tag, key in SCALARS.items():
+            if row.get(key, "") not in ("", None):
+                self.writer_tb.add_scalar(tag, row[key], k)
+        if scores is not None:
+            self.writer_tb.add_histogram("iif/influence", scores.float().cpu(), k)
         tox = "" if row.get("eval_toxicity", "") == "" else f" toxicity {row['eval_toxicity']:.3f}"
         print(f"round {k} [{k + 1}/{self.n_rounds}] reward {row['reward_mean']:.3f} kl "
               f"{row['kl']:.3f} beta {row['kl_coef']:.4f} | kept {row['n_kept']}/"
@@ -863,6 +892,7 @@ class Run:
             torch.save(policy.v_head.state_dict(), os.path.join(self.dir, "value_head.pt"))
         self.metrics_file.close()
         self.episodes_file.close()
+        self.writer_tb.close()
 
 
 def timer(device):

@@ -61,7 +61,8 @@ class Args(rlhf_iif.Args):
 
 COLUMNS = rlhf_iif.METRICS + ["weight_max", "eval_accuracy", "eval_unfaithful",
                               "unfaithful_buffer", "unfaithful_kept"]
-MAY_CHANGE = ("resume", "threads", "runs_dir", "save_every")  # flags a resumed run may change
+MAY_CHANGE = ("resume", "threads", "runs_dir", "save_every", "track", "wandb_project_name",
+              "wandb_entity")  # flags a resumed run may change
 
 
 # ---- The chain-of-thought task: the faithful chain, and the checker ----

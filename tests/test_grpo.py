@@ -271,13 +271,22 @@ def test_docs_links_point_at_what_they_name():
                                                          f"{lines[int(line) - 1]!r}"
 
 
-def test_tracking_flags_reach_trl(toy, tmp_path):
-    args = parse(toy, tmp_path)
-    args.report_to = "wandb,tensorboard"  # not installed here, so resolve_args would refuse them
-    config = grpo_iif.make_config(args)
+def test_tracking_flags_reach_trl_and_carry_iifs_columns(toy, tmp_path):
+    config = grpo_iif.make_config(parse(toy, tmp_path, "--report-to", "wandb,tensorboard"))
     assert config.report_to == ["wandb", "tensorboard"] and config.run_name == "r"
     config = grpo_iif.make_config(parse(toy, tmp_path))
     assert config.report_to == [] and config.save_strategy == "no" and config.output_dir == str(tmp_path / "r")
+    torch.manual_seed(0)  # TRL's TensorBoard logs IIF's numbers beside its own
+    grpo_iif.main(parse(toy, tmp_path, "--report-to", "tensorboard", "--logging-steps", "1", name="tb"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = [d for d, _, files in os.walk(tmp_path / "tb") if any("tfevents" in f for f in files)]
+    acc = EventAccumulator(events[0])
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/iif/kept_fraction", "train/iif/n_kept", "train/iif/n_negative",
+            "train/iif/influence_seconds"} <= tags, tags
+    rows = read_rows(tmp_path / "tb")
+    assert [e.value for e in acc.Scalars("train/iif/n_kept")] == [float(r["n_kept"]) for r in rows]
 
 
 def test_trl_private_members_it_overrides_are_as_pinned(toy, tmp_path):
