@@ -8,6 +8,7 @@
 #       (benchmarks/compiled_step_check.py);
 #     round_time_rlhf_compile: rounds of rlhf_iif.py --compile, standard PPO and IIF, at $BATCH episodes, and the
 #       256-episode round projected from them (benchmarks/round_time.py);
+#     iif_cuda: two rounds of iif.py on Acrobot with --cuda (its first line names the device);
 #   call 2: preflight, then round_time_rlhf_eager (the same rounds eagerly) and round_time_grpo (grpo_iif.py at the
 #     Qwen2.5-0.5B shape, 128 completions of 128 tokens).
 # A GPU machine reaches no registry: on a machine that does,
@@ -31,7 +32,9 @@ if [ "$CALL" = download ]; then  # Python 3.12 wheels, as the GPU machines have
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d $WHEELS \
     trl==1.16.0 transformers==5.23.0 huggingface_hub==2.4.0 tokenizers==0.23.3 datasets==5.2.0 dill==0.4.1 \
     multiprocess==0.70.19 tyro==1.0.17 docstring_parser==0.18.0 typeguard==4.6.1 peft==0.21.2 fsspec==2026.9.0 \
-    httpx2==2.16.2 httpcore2==2.16.2 hf-xet==1.8.0 click regex truststore
+    httpx2==2.16.2 httpcore2==2.16.2 hf-xet==1.8.0 click regex truststore \
+    tensorboard==2.21.0 protobuf==7.36.2 absl-py==2.5.1 markdown==3.11.3 werkzeug==3.1.9 gymnasium==1.4.0 \
+    cloudpickle==3.1.3 farama-notifications==0.0.6
   exit
 fi
 if [ "$CALL" != 1 ] && [ "$CALL" != 2 ]; then
@@ -50,7 +53,7 @@ trap 'rm -rf "$WORK"' EXIT
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$WORK/inductor}" TMPDIR="$WORK"
 if [ "$DEVICE" = cpu ]; then threads=(--threads 1); else threads=(); fi
 if [ "$CALL" = 1 ]; then
-  LIMITS=(wheels 25 preflight 30 build 30 step_check 130 round_time_rlhf_compile 85)
+  LIMITS=(wheels 25 preflight 30 build 30 step_check 115 round_time_rlhf_compile 85 iif_cuda 15)
 else
   LIMITS=(wheels 25 preflight 30 build 40 round_time_rlhf_eager 110 round_time_grpo 95)
 fi
@@ -72,7 +75,8 @@ part() {  # part NAME COMMAND...: within its limit, the printout to $OUT/NAME.md
   return $rc
 }
 FAILED=""
-IMPORTS="import numpy, torch, tyro, transformers, peft, datasets, accelerate, trl, rlhf_iif, grpo_iif
+IMPORTS="import numpy, torch, torch.utils.tensorboard, gymnasium, tyro, transformers, peft, datasets, accelerate, trl
+import iif, rlhf_iif, grpo_iif
 print('python', __import__('sys').version.split()[0], '| torch', torch.__version__, '(CUDA', torch.version.cuda,
       ') | transformers', transformers.__version__, '| trl', trl.__version__, '| peft', peft.__version__,
       '| datasets', datasets.__version__, '| tyro', tyro.__version__)
@@ -102,6 +106,9 @@ if [ "$CALL" = 1 ]; then
   part round_time_rlhf_compile $PYTHON benchmarks/round_time.py --shape "$SHAPE" --device "$DEVICE" --compile \
     --task "$WORK/neo" --runs-dir "$OUT/round_time_rlhf_compile_runs" --batch-size "$BATCH" --rounds 2 --reps 1 \
     "${threads[@]}"
+  cuda=(--cuda); [ "$DEVICE" = cuda ] || cuda=(--no-cuda)  # iif.py: two rounds of Acrobot on the device
+  part iif_cuda $PYTHON iif.py --env-id Acrobot-v1 --env-backend gymnasium --total-timesteps 4096 --eval-episodes 16 \
+    --runs-dir "$OUT/iif_cuda_runs" --run-name acrobot "${cuda[@]}"
 else
   part build bash -c "$PYTHON benchmarks/round_time.py --shape '$SHAPE' --device '$DEVICE' --task '$WORK/neo' \
     --build-only --save-dtype bfloat16 && $PYTHON benchmarks/round_time.py --shape '$QWEN_SHAPE' --device '$DEVICE' \

@@ -361,7 +361,7 @@ def test_gpu_check_runs_both_calls_end_to_end_at_a_tiny_shape(tmp_path, request)
                GRPO_TOKENS="4", OUT=str(tmp_path / "out"), PYTHON=sys.executable, TMPDIR=str(work),
                TORCHINDUCTOR_CACHE_DIR=cache_dir())  # the kernels the tests compiled already
     out = tmp_path / "out"
-    for call, parts in [(1, ("preflight", "build", "step_check", "round_time_rlhf_compile")),
+    for call, parts in [(1, ("preflight", "build", "step_check", "round_time_rlhf_compile", "iif_cuda")),
                         (2, ("preflight", "build", "round_time_rlhf_eager", "round_time_grpo"))]:
         proc = subprocess.run(["bash", os.path.join(ROOT, "benchmarks", "gpu_check.sh"), str(call)], env=env,
                               capture_output=True, text=True, timeout=600)
@@ -381,6 +381,7 @@ def test_gpu_check_runs_both_calls_end_to_end_at_a_tiny_shape(tmp_path, request)
     assert graphs and graphs[1] == graphs[2]
     assert "| optimiser step, ms |" in (out / "round_time_rlhf_compile.md").read_text()
     assert "Projected to 256 episodes" in (out / "round_time_rlhf_eager.md").read_text()
+    assert "Acrobot-v1 on gymnasium, cpu: 2 rounds" in (out / "iif_cuda.md").read_text()  # --no-cuda on a CPU
     run = out / "round_time_rlhf_compile_runs" / "influence_0"  # rlhf_iif.py --compile through main
     assert '"compile": true' in (run / "config.json").read_text()
     assert (run / "policy" / "adapter_config.json").exists()
