@@ -136,6 +136,14 @@ def test_every_command_runs_as_written(page, command, tmp_path):
             assert e.value.code == 0
             assert all(f in text.getvalue() for f in ("--env-id", "--filter-method", "--filter-p", "--learning-rate"))
             return
+        if "--eval-model" in flags:  # a model saved as the page saves it, where the page reads it
+            i = flags.index("--eval-model") + 1
+            run_dir = os.path.dirname(flags[i])
+            iif.main(iif.resolve_args(iif.Args(env_id="CartPole-v1", total_timesteps=64, num_steps=64,
+                                               minibatch_size=32, eval_episodes=1, save_model=True,
+                                               runs_dir=str(tmp_path / os.path.dirname(run_dir)),
+                                               run_name=os.path.basename(run_dir))))
+            flags[i] = str(tmp_path / flags[i])
         args = module.resolve_args(tyro.cli(module.Args, args=[*flags, "--runs-dir", str(tmp_path)]))
         assert args.num_rounds >= 1
         return
