@@ -13,9 +13,9 @@ flags() {  # recipe -> iif_variants.py flags, every one set explicitly (the runs
   local base="--optimizer adam --learning-rate 3e-4 --max-grad-norm 0 --adv-norm minibatch --target-adv raw
     --influence-loss policy --filter-ties keep --influence-precond none --target-kl 0 --filter-p 0.5 --score-log-std"
   case $1 in
-    base) echo "$base --min-agreement -1" ;;  # the generic defaults without the agreement guard
+    base) echo "$base --min-agreement -1" ;;  # every round filtered, as Alg. 1 (iif.py's --filter-method influence)
     guard0.2) echo "$base --min-agreement 0.2" ;;  # a looser guard
-    guard) echo "$base --min-agreement 0.5" ;;  # the generic defaults
+    guard) echo "$base --min-agreement 0.5" ;;  # the agreement guard
     adam-precond) echo "$base --min-agreement -1 --influence-precond adam" ;;
     target-normalized) echo "$base --min-agreement -1 --target-adv normalized" ;;
     p0.125) echo "$base --min-agreement -1 --filter-p 0.125" ;;
