@@ -35,7 +35,6 @@ import torch  # noqa: E402
 import tyro  # noqa: E402
 
 import iif  # noqa: E402
-import iif_variants as variants  # noqa: E402
 
 LABELS = {"influence": "IIF", "none": "Standard", "random": "Random", "f_return": "IIF (f_return)",
           "release-none": "Standard, released code", "release-influence": "IIF, released code",
@@ -392,20 +391,37 @@ def load_round(run_dir, k):
 
 
 def load_config(run_dir):
-    """A run's config.json with every flag of iif_variants.py."""
+    """A run's config.json, with iif.py's defaults for flags it lacks."""
     with open(os.path.join(run_dir, "config.json")) as f:
         config = json.load(f)
-    if "norm_adv" in config:  # runs made before these flags existed used the values below
-        config["adv_norm"] = "buffer" if config.pop("norm_adv") else "none"
-        config.setdefault("influence_loss", "full")
-        config.setdefault("target_adv", "normalized" if config["adv_norm"] == "buffer" else "raw")
-        config.setdefault("filter_ties", "drop")
     config.setdefault("env_backend", "gymnasium")
-    # iif.py writes its own flags only: the others take iif_variants.py's defaults, its behaviour
-    config = {**{f.name: f.default for f in dataclasses.fields(variants.Args)
-                 if f.default is not dataclasses.MISSING}, **variants.ADDED_FLAGS, **config}
+    config = {**{f.name: f.default for f in dataclasses.fields(iif.Args)
+                 if f.default is not dataclasses.MISSING}, **config}
     config.setdefault("env_kwargs", iif.PRESETS.get(config["env_id"], {}).get("env_kwargs", {}))
     return config
+
+
+def mc_advantage(states, actions, rewards, dones, gamma):
+    """Monte-Carlo advantage from the buffer itself (Sec. 4.1, App. C.4; for discrete observations
+    that recur): A_mc(s, a) = mean discounted return after the visits of (s, a) - mean after the
+    visits of s. Arrays are (steps, envs); states hold hashable keys. Only finished episodes'
+    returns count; a pair never seen in a finished episode gets nan."""
+    T, N = rewards.shape
+    returns = np.full((T, N), np.nan)
+    for e in range(N):
+        g, complete = 0.0, False
+        for t in reversed(range(T)):
+            if dones[t, e]:
+                g, complete = 0.0, True
+            g = rewards[t, e] + gamma * g
+            returns[t, e] = g if complete else np.nan
+    q, v = {}, {}
+    for s, a, g in zip(states.ravel(), actions.ravel(), returns.ravel()):
+        if not np.isnan(g):
+            q.setdefault((s, a), []).append(g)
+            v.setdefault(s, []).append(g)
+    return np.array([np.mean(q[(s, a)]) - np.mean(v[s]) if (s, a) in q else np.nan
+                     for s, a in zip(states.ravel(), actions.ravel())]).reshape(T, N)
 
 
 def raw_advantages(b):
@@ -538,8 +554,7 @@ def cmd_advantage_diagnosis(args):
     actions = b["actions"].numpy()
     # App. C.4: the Monte-Carlo advantage A_mc from the buffer's own episodes, (steps, envs) arrays
     columns = (states, actions, b["rewards"].numpy(), b["dones"].numpy())
-    a_mc = variants.mc_advantage(*(x.reshape(-1, config["num_envs"]) for x in columns),
-                                 config["gamma"]).ravel()
+    a_mc = mc_advantage(*(x.reshape(-1, config["num_envs"]) for x in columns), config["gamma"]).ravel()
     a_hat = raw_advantages(b)
     score = b["influence"].numpy()
     ok = ~np.isnan(a_mc)
@@ -670,8 +685,7 @@ def cmd_behavior_formation(args):
             pis.append(agent(s_star, a_star, critic=False)[0].exp().item())
         # Sec. 4.2: influence on the target f_action = log pi(a*|s*)
         target = (s_star, a_star, torch.ones(1))
-        scores = variants.influence(agent, b, torch.arange(len(b["advantages"])), target, cfg,
-                                    variants.scoring_advantages(b, cfg))
+        scores = iif.influence(agent, b, cfg, target)
         top = torch.nonzero(scores > 0).flatten()
         rough.append(float("nan"))
         if len(top) > args.neighbours:
@@ -694,17 +708,17 @@ def cmd_behavior_formation(args):
 
 # ---- Sec. 4.3, Fig. 5, 10: single-round intervention ----
 
-def retrain(config, b, kept, seed, rng=None, start=None):
+def retrain(config, b, kept, seed, rng=None, start=None, update=iif.ppo_update):
     """theta(k) retrained on the kept records of B(k) by iif.py's Stage III, with a fresh optimizer
     (exact for SGD, which has no state); minibatches shuffled by rng, by default
     np.random.default_rng(seed). start: an agent at theta(k) to copy (default: one built from
-    B(k)'s state_dict)."""
+    B(k)'s state_dict); update: Stage III (iif_variants.py's, with its switches, in analysis_variants.py)."""
     cfg = SimpleNamespace(**config)
     agent = agent_for(config, b["state_dict"]) if start is None else copy.deepcopy(start)
     optimizer = iif.make_optimizer(agent, cfg)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed) if rng is None else rng
-    variants.ppo_update(agent, optimizer, b, torch.nonzero(kept).flatten(), cfg, rng)
+    update(agent, optimizer, b, torch.nonzero(kept).flatten(), cfg, rng)
     return agent
 
 
@@ -715,7 +729,7 @@ def retrain_and_test(config, b, kept, seed, eval_envs, episodes):
 
 def make_test_envs(config, episodes):
     """Synchronous test environments for a run's config"""
-    return variants.make_vec(SimpleNamespace(**{**config, "async_envs": False}), min(16, episodes))
+    return iif.make_vec(SimpleNamespace(**config), min(16, episodes))
 
 
 @dataclass
@@ -741,7 +755,7 @@ def cmd_intervention(args):
             scores = b["influence"]
             full = torch.ones(len(scores), dtype=torch.bool)
             gen = torch.Generator().manual_seed(k)
-            random_drop, _ = variants.filter_records(scores, "random", 1.0, gen)
+            random_drop, _ = iif.filter_records(scores, "random", 1.0, gen)
             base = retrain_and_test(config, b, full, k, eval_envs, args.episodes)
             for method, kept in (("IIF", scores >= 0), ("Random", random_drop)):  # negatives dropped
                 deltas[k][method].append(retrain_and_test(config, b, kept, k, eval_envs, args.episodes) - base)

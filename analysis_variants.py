@@ -7,6 +7,8 @@ analysis.py reproduces the paper's diagnostics; this file imports it, as iif_var
 
 Each subcommand prints its table and draws its figure in a PNG.
 """
+import dataclasses
+import functools
 import glob
 import json
 import math
@@ -23,9 +25,22 @@ import tyro
 import analysis
 import iif
 import iif_variants as variants
-from analysis import (COLORS, LABELS, agent_for, efficiency, fail, fmt_ci, load_config, load_round, load_runs,
-                      make_test_envs, mean_ci, planned_rounds, plt, raw_advantages, read_metrics, retrain,
-                      saved_rounds, smooth, spearman)
+from analysis import (COLORS, LABELS, agent_for, efficiency, fail, fmt_ci, load_round, load_runs, make_test_envs,
+                      mean_ci, planned_rounds, plt, raw_advantages, read_metrics, saved_rounds, smooth, spearman)
+
+retrain = functools.partial(analysis.retrain, update=variants.ppo_update)  # Stage III with iif_variants.py's switches
+
+
+def load_config(run_dir):
+    """analysis.load_config with every flag of iif_variants.py: its defaults where iif.py wrote none"""
+    config = analysis.load_config(run_dir)
+    if "norm_adv" in config:  # runs made before these flags existed used the values below
+        config["adv_norm"] = "buffer" if config.pop("norm_adv") else "none"
+        config.setdefault("influence_loss", "full")
+        config.setdefault("target_adv", "normalized" if config["adv_norm"] == "buffer" else "raw")
+        config.setdefault("filter_ties", "drop")
+    return {**{f.name: f.default for f in dataclasses.fields(variants.Args) if f.default is not dataclasses.MISSING},
+            **variants.ADDED_FLAGS, **config}
 
 
 # ---- Sec. 5.2's efficiency read other ways: SE at chosen levels, the first rounds, tested less often ----

@@ -355,11 +355,13 @@ def target_grad(agent, params, obs, actions, a_hat):
     return {k: g for k, g in zip(params, grads) if g is not None}
 
 
-def influence(agent, b, args):
+def influence(agent, b, args, target=None):
     """I_i = <grad f(theta(k)), -grad l_i(theta(k))> of every record (Sec. 3.1, 5.1), exact and
-    batched: one backward pass gives g = grad f, one forward-mode pass (jvp) every dl_i . g."""
+    batched: one backward pass gives g = grad f, one forward-mode pass (jvp) every dl_i . g.
+    target: f's (obs, actions, weights); default B(k) with its A_hat, f_return (one (s, a) with
+    weight 1 is f_action, Sec. 4.2)."""
     params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
-    g = target_grad(agent, params, b["obs"], b["actions"], b["advantages"])
+    g = target_grad(agent, params, *(target or (b["obs"], b["actions"], b["advantages"])))
     primals = {k: params[k].detach() for k in g}
     frozen = {k: v.detach() for k, v in params.items() if k not in g}  # the separate critic
     # inside l_i: A_hat normalised over B(k), the expected statistics of the minibatches the record

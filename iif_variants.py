@@ -34,6 +34,7 @@ import tyro
 from torch.func import jvp
 
 import iif
+from analysis import mc_advantage  # Sec. 4.1's Monte-Carlo advantage, App. C.4's too
 from iif import (DIAGNOSTICS, PRESETS, Agent, approx_kl, collect_rollout, evaluate,
                  explained_variance, fail, make_env, make_optimizer, normalize, ppo_losses,
                  target_grad)
@@ -408,29 +409,6 @@ def baseline_filter(b, kept, args):
     if args.filter_method == "td-weight":
         return kept, td_sampling_probs(b, args.gamma)
     return kept, None
-
-
-def mc_advantage(states, actions, rewards, dones, gamma):
-    """Monte-Carlo advantage from the buffer itself (Sec. 4.1, App. C.4; for discrete observations
-    that recur): A_mc(s, a) = mean discounted return after the visits of (s, a) - mean after the
-    visits of s. Arrays are (steps, envs); states hold hashable keys. Only finished episodes'
-    returns count; a pair never seen in a finished episode gets nan."""
-    T, N = rewards.shape
-    returns = np.full((T, N), np.nan)
-    for e in range(N):
-        g, complete = 0.0, False
-        for t in reversed(range(T)):
-            if dones[t, e]:
-                g, complete = 0.0, True
-            g = rewards[t, e] + gamma * g
-            returns[t, e] = g if complete else np.nan
-    q, v = {}, {}
-    for s, a, g in zip(states.ravel(), actions.ravel(), returns.ravel()):
-        if not np.isnan(g):
-            q.setdefault((s, a), []).append(g)
-            v.setdefault(s, []).append(g)
-    return np.array([np.mean(q[(s, a)]) - np.mean(v[s]) if (s, a) in q else np.nan
-                     for s, a in zip(states.ravel(), actions.ravel())]).reshape(T, N)
 
 
 def advantage_filter(a_mc, a_hat, method, p):

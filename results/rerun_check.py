@@ -14,7 +14,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
-import analysis  # noqa: E402
+import analysis_variants  # noqa: E402
 import iif_variants as variants  # noqa: E402
 
 
@@ -30,7 +30,7 @@ a = parser.parse_args()
 torch.distributions.Distribution.set_default_validate_args(False)
 failed = 0
 for run in a.runs:
-    config = analysis.load_config(run)
+    config = analysis_variants.load_config(run)
     flags = {f.name: config[f.name] for f in dataclasses.fields(variants.Args)
              if f.name in config and f.name not in variants.NOT_COMPARED}
     n = min(a.rounds, len(rows(os.path.join(run, "metrics.csv"), 10**9)))

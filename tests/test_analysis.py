@@ -9,6 +9,7 @@ import math
 import os
 import re
 import shutil
+import subprocess
 import sys
 from unittest import mock
 
@@ -395,7 +396,7 @@ def test_lds_near_one_when_the_round_is_nearly_linear(one_thread):
     # the group IIF drops, with one-record minibatches (so no remainder of the kept records is skipped), 2 epochs
     config = {**config, "minibatch_size": 1, "update_epochs": 2}
     full = torch.ones(len(b["influence"]), dtype=torch.bool)
-    f_full = analysis_variants.f_return(analysis.retrain(config, b, full, 0), b, config)
+    f_full = analysis_variants.f_return(analysis_variants.retrain(config, b, full, 0), b, config)
     g = analysis_variants.group_check(config, b, 0, f_full)
     predicted = -analysis_variants.update_scale(config) * g["dropped_sum"]
     assert g["n_dropped"] > 0 and g["actual"] == pytest.approx(predicted, rel=0.05)
@@ -444,3 +445,13 @@ def test_sensitivity_picks_each_methods_best_rate_and_compares_them(tmp_path):
                for line in lines)
     assert any(line.startswith("| E | both at the preset's | 1 | 1 | 2 |") for line in lines)
     assert "E: IIF higher (area, IIF at 3 x minus standard at 3 x: 0.6 [0.5, 0.8], 2 seeds)" in out
+
+
+def test_analysis_py_runs_copied_beside_iif_py_alone(tmp_path):
+    """The paper's figures need iif.py and no other file of this project"""
+    for f in ("iif.py", "analysis.py"):
+        shutil.copy(os.path.join(ROOT, f), tmp_path)
+    proc = subprocess.run([sys.executable, "analysis.py", "efficiency", "--runs", os.path.join(ROOT, "results", "runs"),
+                           "--env", "FrozenLake-v1"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert proc.returncode == 0 and "| FrozenLake-v1 |" in proc.stdout, proc.stderr[-2000:]

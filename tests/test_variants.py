@@ -60,8 +60,8 @@ def test_iif_py_writes_what_iif_variants_py_writes_without_variant_flags(tmp_pat
     (variants, "results/ablation/first-release/FrozenLake-v1__influence__1"),  # a config.json older than the flags
 ])
 def test_committed_runs_rerun_identically(tmp_path, module, run_dir):
-    import analysis
-    config = analysis.load_config(os.path.join(ROOT, run_dir))  # with every flag, as results/rerun_check.py
+    import analysis_variants
+    config = analysis_variants.load_config(os.path.join(ROOT, run_dir))  # every flag, as results/rerun_check.py
     names = {f.name for f in dataclasses.fields(module.Args)} - set(variants.NOT_COMPARED) - {"run_name", "runs_dir"}
     if module is iif:  # the values iif.py fixes
         assert {k: config[k] for k in ("adv_norm", "target_adv", "influence_loss", "filter_ties", "score_log_std",
