@@ -159,3 +159,31 @@ def test_every_command_runs_as_written(page, command, tmp_path):
     proc = subprocess.run([sys.executable, script, *flags, "--help"], capture_output=True, text=True, cwd=ROOT,
                           timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     assert proc.returncode == 0 and "usage:" in proc.stdout, f"{page}: {command}\n{proc.stderr[-2000:]}"
+
+
+def cells(text):
+    """The page's 'mean [low, high]' figures, in a printout's notation (ASCII minus)"""
+    text = " ".join(text.split())  # a figure may wrap
+    return {c.replace("−", "-") for c in re.findall(r"[−-]?\d+\.\d+ \[[−-]?\d+\.\d+, [−-]?\d+\.\d+\]", text)}
+
+
+def printouts():
+    """Every figure of the committed printouts under results/"""
+    found = set()
+    for path in glob.glob(os.path.join(ROOT, "results", "**", "*.md"), recursive=True) + \
+            glob.glob(os.path.join(ROOT, "results", "**", "*.txt"), recursive=True):
+        with open(path, errors="replace") as f:
+            found |= cells(f.read())
+    return found
+
+
+def test_figures_that_name_their_printout_agree_with_it():
+    readme, results = read("README.md"), read("docs/results.md")
+    line = re.search(r"```\n(round 0 \[1/50\] .*)\n```", readme).group(1)  # the printed line, from its printout
+    assert line in read("results/figures/readme_run.txt").splitlines()
+    section = results[results.index("## Fig. 6(b), ours against the paper"):]
+    table = [row for row in section[:section.index("\n## ")].splitlines() if row.startswith("| ") and "ours" in row]
+    fig6b = cells(read("results/figures/efficiency_all.md"))
+    assert len(table) == 4 and all(c in fig6b for row in table for c in cells(row)), table
+    claims = cells(readme[readme.index("## What holds"):])
+    assert claims and claims <= printouts(), claims - printouts()
