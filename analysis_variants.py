@@ -763,11 +763,9 @@ def cmd_ippo(args):
 
 
 def t_interval(x, fmt):
-    """The 95 % t-interval of the mean of x: with few seeds, beside the bootstrap's, which is too narrow"""
-    import scipy.stats
-    x = np.asarray(x, dtype=float)
-    h = scipy.stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)) if len(x) > 1 else math.nan
-    return f"[{x.mean() - h:{fmt}}, {x.mean() + h:{fmt}}]"
+    """analysis.mean_t's interval, formatted"""
+    _, lo, hi = analysis.mean_t(x)
+    return f"[{lo:{fmt}}, {hi:{fmt}}]"
 
 
 # ---- RLHF methods at equal KL to the reference (results/frontier.sh) ----

@@ -118,11 +118,8 @@ def compare(base, other, n):
 
 
 def t_interval(x):
-    """mean and 95 % t-interval over seeds (nan with one seed)"""
-    from scipy import stats
-    x = np.asarray(x, dtype=float)
-    h = stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)) if len(x) > 1 else math.nan
-    return x.mean(), x.mean() - h, x.mean() + h
+    import analysis
+    return analysis.mean_t(x)
 
 
 def cell(x, scale=1.0):
@@ -165,7 +162,7 @@ def stage_table(envs):
                       f"{cell(c['se_ave'], 100)} | {verdict(c['se_ave'])} |")
         for arm in ("held", "held-random", "lifted"):
             held = found.get(arm, {})
-            tried = [r for s in held for r in held[s][:n] if r["n_tries"] > 0]  # rounds that were held
+            tried = [r for s in held for r in held[s][:n] if r["n_tries"] > 0 and r["kl_ref"] > 0]  # held rounds
             if not tried:
                 continue
             ratios = np.array([r["kl"] / r["kl_ref"] for r in tried])

@@ -455,3 +455,16 @@ def test_analysis_py_runs_copied_beside_iif_py_alone(tmp_path):
                            "--env", "FrozenLake-v1"], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert proc.returncode == 0 and "| FrozenLake-v1 |" in proc.stdout, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_interval_functions_against_scipy(n):
+    """mean_t is scipy's t-interval; mean_ci the percentile bootstrap, which at 3 seeds is the seeds' range"""
+    x = np.random.default_rng(n).normal(10, 3, n)
+    mean, lo, hi = analysis.mean_t(x)
+    ref = scipy.stats.t.interval(0.95, n - 1, loc=x.mean(), scale=scipy.stats.sem(x))
+    assert mean == pytest.approx(x.mean()) and (lo, hi) == pytest.approx(ref, rel=1e-12)
+    _, blo, bhi = analysis.mean_ci(x)
+    assert lo < blo and bhi < hi  # the bootstrap's is narrower
+    if n == 3:
+        assert (blo, bhi) == pytest.approx((x.min(), x.max()), abs=1e-9) or (x.min() <= blo and bhi <= x.max())
