@@ -868,17 +868,19 @@ def equal_kl(points, method, metric, resamples, rng, baseline="none"):
         if np.isnan(value) or np.isnan(y).any():
             continue
         d = y.mean() - value
-        # variance components (variance of a mean, seeds) of the difference
-        parts = [(y.var(ddof=1) / len(y), len(y))]
+        # variance components (variance of a mean, seeds) of the difference; nan with one seed
+        def var_mean(x):
+            return x.var(ddof=1) / len(x) if len(x) > 1 else np.nan
+        parts = [(var_mean(y), len(y))]
         if len(front) > 1:
             slope = (front[j + 1][1] - front[j][1]) / (np.log(front[j + 1][0]) - np.log(front[j][0]) or np.inf)
-            parts.append((slope ** 2 * kl.var(ddof=1) / len(kl) / kl.mean() ** 2, len(kl)))
+            parts.append((slope ** 2 * var_mean(kl) / kl.mean() ** 2, len(kl)))
             for wt, i in ((1 - w, j), (w, j + 1)):  # the flat end of the frontier: its last point's seeds
                 ys = np.asarray(base[by_kl.get(front[i]) or by_kl[front[i - 1]]][metric])
-                parts.append((wt ** 2 * ys.var(ddof=1) / len(ys), len(ys)))
+                parts.append((wt ** 2 * var_mean(ys), len(ys)))
         else:
             ys = np.asarray(base[by_kl[front[0]]][metric])
-            parts.append((ys.var(ddof=1) / len(ys), len(ys)))
+            parts.append((var_mean(ys), len(ys)))
         var = sum(v for v, _ in parts)
         df = var ** 2 / sum(v ** 2 / (n - 1) for v, n in parts if v > 0) if var > 0 else np.inf
         h = scipy.stats.t.ppf(0.975, df) * np.sqrt(var)
