@@ -8,12 +8,9 @@ rest (Alg. 1). TRL no longer ships a PPO trainer (its classic PPOTrainer.step en
 so the PPO step for language models is written out below, following TRL 0.11's.
 
     python rlhf_iif.py --filter-method influence             # the paper's run: hub models, a GPU
-    python rlhf_iif.py --filter-method influence --compile   # one CUDA graph a step (untried)
     RUNS=runs bash results/rlhf_toy.sh "1" "influence"       # offline on a CPU, a toy task
 
-Read top to bottom: flags, policy and generation, Stages I-III, the test, main (the loop). --compile
-lives in rlhf_compile.py (this file runs alone without it): main passes Stage I its sampler and Stage
-III its optimizer step, so Alg. 1 has no branch for it.
+Read top to bottom: flags, policy and generation, Stages I-III, the test, main (the loop).
 """
 import contextlib
 import copy
@@ -77,8 +74,6 @@ class Args:
     dtype: Optional[Literal["bfloat16", "float32"]] = None
     """bfloat16: frozen weights in bfloat16, passes under autocast (as released); what trains, losses
     and influence stay float32 (default: bfloat16 on a GPU that supports it, else float32)"""
-    compile: bool = False
-    """the optimizer step compiled at static shapes, on CUDA one CUDA graph; a static KV cache"""
     threads: Optional[int] = None
     """torch CPU threads (default: torch's choice)"""
 
@@ -190,8 +185,8 @@ class Policy(nn.Module):
 
 
 def autocast(policy, device):
-    """bfloat16 compute for --dtype bfloat16 (torch.autocast, no cast cache: a CUDA graph cannot
-    keep one, pytorch#71631); float32 runs unchanged"""
+    """bfloat16 compute for --dtype bfloat16 (torch.autocast without its cast cache); float32 runs
+    unchanged"""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=policy.bf16,
                           cache_enabled=False)
 
@@ -232,11 +227,11 @@ def ref_logprobs(policy, ref, ids, attn, T):
 
 
 @torch.no_grad()
-def generate(policy, queries, tokenizer, args, device, width=None, **cache):
+def generate(policy, queries, tokenizer, args, device, width=None, **more):
     """Sample continuations of the queries: the episodes {ids, attn, mask, texts}. Rows are [left
     padding, prompt, continuation, right padding], the prompt part as wide as the longest query (or
-    width); mask: the continuation up to and with its first EOS. cache: more arguments of the LM's
-    generate() (--compile's static KV cache)."""
+    width); mask: the continuation up to and with its first EOS. more: more arguments of the LM's
+    generate()."""
     P = max(width or 0, *map(len, queries))
     T, pad, eos = args.gen_tokens, tokenizer.pad_token_id, tokenizer.eos_token_id
     ids = torch.full((len(queries), P + T), pad, dtype=torch.long)
@@ -253,7 +248,7 @@ def generate(policy, queries, tokenizer, args, device, width=None, **cache):
                 do_sample=True, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
                 repetition_penalty=1.0, no_repeat_ngram_size=0, max_new_tokens=T,
                 min_new_tokens=0, pad_token_id=pad, eos_token_id=eos,
-                **cache)
+                **more)
         ids[idx, P:out.shape[1]] = out[:, P:].cpu()
     is_eos = ids[:, P:] == eos  # a call that stops early does so because every row has reached EOS
     mask = ((is_eos.cumsum(1) - is_eos.long()) == 0).float()  # no EOS before this position
@@ -491,25 +486,12 @@ def filter_records(scores, method, p, gen):
 
 
 # ---- Stage III of Alg. 1: PPO on the kept episodes; and the test toxicity (App. B.3) ----
-def adam_step(policy, optimizer, args):
-    """The optimizer step of Stage III: step(b, mb, w) takes one Adam step on minibatch mb of b,
-    whose loss is the mean over its episodes of w_i x l_i, and returns that loss and the
-    minibatch's weighted DIAGNOSTICS, on the device"""
-    def step(b, mb, w):
-        parts = {}
-        loss = (ppo_losses(policy, b, mb, args, parts=parts) * w).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        return torch.stack([loss.detach()] + [(parts[k] * w).mean() for k in DIAGNOSTICS])
-    return step
-
-
-def ppo_update(step, b, kept, args, gen, weights=None):
+def ppo_update(policy, optimizer, b, kept, args, gen, weights=None):
     """Stage III of Alg. 1: ppo_epochs passes over the kept episodes, reshuffled, mini_batch_size
-    at a time (a smaller last minibatch is kept), so a filtered round takes fewer optimizer steps.
-    weights: each episode's loss weight (default 1). Returns the steps taken and the means over
-    them of the loss and the DIAGNOSTICS, read once the round is done (each read is a host sync)."""
+    at a time (a smaller last minibatch is kept), so a filtered round takes fewer optimizer steps;
+    a step's loss is the mean over its episodes of w_i x l_i. weights: each episode's loss weight
+    w_i (default 1). Returns the steps taken and the means over them of the loss and the
+    DIAGNOSTICS, read once the round is done (each read is a host sync)."""
     device = b["ids"].device
     kept_idx = torch.nonzero(kept.cpu()).squeeze(1)
     if len(kept_idx) == 0:  # nothing kept: no step
@@ -519,7 +501,12 @@ def ppo_update(step, b, kept, args, gen, weights=None):
     for _ in range(args.ppo_epochs):
         perm = kept_idx[torch.randperm(len(kept_idx), generator=gen)].to(device)
         for mb in perm.split(args.mini_batch_size):
-            stats.append(step(b, mb, w[mb]))
+            parts = {}
+            loss = (ppo_losses(policy, b, mb, args, parts=parts) * w[mb]).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            stats.append(torch.stack([loss.detach()] + [(parts[k] * w[mb]).mean() for k in DIAGNOSTICS]))
     stats = torch.stack(stats).double().cpu().numpy()
     if not np.isfinite(stats[:, 0]).all():
         raise FloatingPointError(f"non-finite PPO loss at optimizer step "
@@ -591,12 +578,6 @@ def main(args):
         eval_prompts = load_eval_prompts(args, tokenizer)
     n_rounds = args.rounds or len(train_prompts) // args.batch_size
     optimizer = make_optimizer(policy, args, device)
-    # Stage I's sampler and Stage III's optimizer step; --compile's run the same algorithm (below)
-    sample, step = generate, adam_step(policy, optimizer, args)
-    if args.compile:  # rlhf_compile.py, beside this file
-        from rlhf_compile import CompiledStep, compiled_sampler
-        sample, step = compiled_sampler(policy, args, device), CompiledStep(policy, optimizer, args,
-                                                                            device)
     run = Run(args, n_rounds, policy, device)
     kl_coef, order = args.init_kl_coef, []  # beta, and the prompts not yet drawn
     try:
@@ -608,7 +589,7 @@ def main(args):
 
             # Stage I (Alg. 1): the buffer B(k) of episodes generated by the policy at theta(k)
             t0 = timer(device)
-            b = sample(policy, queries, tokenizer, args, device)
+            b = generate(policy, queries, tokenizer, args, device)
             b["rewards"] = reward_fn(b["texts"], queries)  # r(x, y), one number an episode
             t1 = timer(device)
             rollout(policy, ref, b, kl_coef, args)
@@ -629,7 +610,7 @@ def main(args):
 
             # Stage III (Alg. 1): PPO on the kept episodes, then the adaptive KL step on all of B(k)
             try:
-                n_updates, stats = ppo_update(step, b, kept, args, gen)
+                n_updates, stats = ppo_update(policy, optimizer, b, kept, args, gen)
             except FloatingPointError as e:
                 fail(f"round {k}: {e}; lower --learning-rate")
             t4 = timer(device)
@@ -748,12 +729,9 @@ def load_classifier(flag, name, label_flag, label, device):
 
 
 def make_optimizer(policy, args, device):
-    """Adam on what trains; on CUDA fused (one kernel for every tensor) and, with --compile,
-    capturable (its step count on the device, as a CUDA graph needs; the rate, constant, a float)"""
-    cuda = device.type == "cuda"
+    """Adam on what trains; on CUDA fused (one kernel for every tensor)"""
     return torch.optim.Adam([p for p in policy.parameters() if p.requires_grad],
-                            lr=args.learning_rate, fused=cuda or None,
-                            capturable=cuda and args.compile)
+                            lr=args.learning_rate, fused=device.type == "cuda" or None)
 
 
 # ---- Plumbing: the flags, the run folder and timing ----
@@ -799,8 +777,6 @@ def resolve_args(args, resuming=False):
     for key in ("learning_rate", "kl_target", "cliprange", "cliprange_value"):
         if not getattr(args, key) > 0:
             fail(f"--{key.replace('_', '-')} must be positive, got {getattr(args, key)}")
-    if args.compile and importlib.util.find_spec("rlhf_compile") is None:
-        fail("--compile needs rlhf_compile.py beside rlhf_iif.py")
     args.run_name = args.run_name or f"rlhf__{args.filter_method}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join(args.runs_dir, args.run_name)
     if os.path.exists(os.path.join(run_dir, "metrics.csv")) and not resuming:
@@ -836,7 +812,7 @@ class Run:
             json.dump(vars(args), f, indent=1)
         n = sum(p.numel() for p in policy.parameters() if p.requires_grad)
         print(f"{args.model_name} ({n:,} trainable parameters) on {device}, {args.dtype}"
-              f"{', compiled' if args.compile else ''}: {n_rounds} rounds of {args.batch_size} "
+              f": {n_rounds} rounds of {args.batch_size} "
               f"episodes, filter {args.filter_method}, target {args.target} on {args.target_data}"
               f" -> {self.dir}")
         self.metrics_file = open(os.path.join(self.dir, "metrics.csv"), "w", newline="")

@@ -22,6 +22,7 @@ plus the columns and episode fields below.
 """
 import csv
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 import tyro
 
+import rlhf_compile
 import rlhf_iif
 from rlhf_iif import fail, timer
 
@@ -57,6 +59,9 @@ class Args(rlhf_iif.Args):
     """continue <runs-dir>/<run-name> after its last checkpointed round, with the same flags"""
     save_every: int = 1
     """write checkpoint.pt after every N-th round and the last, for --resume (0: never)"""
+    compile: bool = False
+    """rlhf_compile.py's optimizer step (compiled at static shapes, on CUDA one CUDA graph) and
+    static KV cache, in this loop"""
 
 
 COLUMNS = rlhf_iif.METRICS + ["weight_max", "eval_accuracy", "eval_unfaithful",
@@ -198,12 +203,14 @@ def main(args):
         t_sft = reference_episodes(references[:args.validation_size], tokenizer, device)
         print(f"I-PPO: f_sft on {args.validation_size} reference answers of {len(references)}")
     n_rounds = args.rounds or len(train_prompts) // args.batch_size
-    optimizer = rlhf_iif.make_optimizer(policy, args, device)
-    sample, step = rlhf_iif.generate, rlhf_iif.adam_step(policy, optimizer, args)
-    if args.compile:  # rlhf_compile.py, as rlhf_iif.main
-        from rlhf_compile import CompiledStep, compiled_sampler
-        sample, step = compiled_sampler(policy, args, device), CompiledStep(policy, optimizer, args,
-                                                                            device)
+    if args.compile:  # rlhf_compile.py's sampler and step: rlhf_compile.main's
+        optimizer = rlhf_compile.make_optimizer(policy, args, device)
+        sample = rlhf_compile.compiled_sampler(policy, args, device)
+        step = rlhf_compile.CompiledStep(policy, optimizer, args, device)
+        update = functools.partial(rlhf_compile.ppo_update, step)
+    else:
+        optimizer = rlhf_iif.make_optimizer(policy, args, device)
+        sample, update = rlhf_iif.generate, functools.partial(rlhf_iif.ppo_update, policy, optimizer)
     run_dir = os.path.join(args.runs_dir, args.run_name)
     start, kl_coef, order, old = 0, args.init_kl_coef, [], None
     if args.resume and os.path.exists(os.path.join(run_dir, "checkpoint.pt")):
@@ -250,7 +257,7 @@ def main(args):
             # Stage III: PPO on the kept episodes, weighted (nothing kept: no step, the run goes on)
             t0 = timer(device)
             try:
-                n_updates, stats = rlhf_iif.ppo_update(step, b, kept, args, gen, weights)
+                n_updates, stats = update(b, kept, args, gen, weights)
             except FloatingPointError as e:
                 fail(f"round {k}: {e}; lower --learning-rate")
             t_optim = timer(device) - t0

@@ -6,7 +6,7 @@
 #       compile and capture time, Dynamo's compiled graphs before and after the timed steps, no host sync in a
 #       replay (torch.cuda.set_sync_debug_mode("error")), TORCH_LOGS=recompiles,cudagraphs
 #       (benchmarks/compiled_step_check.py);
-#     round_time_rlhf_compile: rounds of rlhf_iif.py --compile, standard PPO and IIF, at $BATCH episodes, and the
+#     round_time_rlhf_compile: rounds of rlhf_compile.py (rlhf_iif.py compiled), standard PPO and IIF, at $BATCH episodes, and the
 #       256-episode round projected from them (benchmarks/round_time.py);
 #     iif_cuda: two rounds of iif.py on Acrobot with --cuda (its first line names the device);
 #   call 2: preflight, then round_time_rlhf_eager (the same rounds eagerly) and round_time_grpo (grpo_iif.py at the

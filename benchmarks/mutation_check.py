@@ -59,8 +59,8 @@ MUTATIONS = [
     ("iif.py", "II: loss", "return pg_loss + vf_coef * v_loss - args.ent_coef * entropy",
      "return pg_loss + vf_coef * v_loss + args.ent_coef * entropy"),
     ("iif.py", "II: target", "return (logp * a_hat).mean()", "return (logp * a_hat.abs()).mean()"),
-    ("iif.py", "II: target", "g = target_grad(agent, params, b[\"obs\"], b[\"actions\"], b[\"advantages\"])",
-     "g = target_grad(agent, params, b[\"obs\"], b[\"actions\"], normalize(b[\"advantages\"]))"),
+    ("iif.py", "II: target", "*(target or (b[\"obs\"], b[\"actions\"], b[\"advantages\"]))",
+     "*(target or (b[\"obs\"], b[\"actions\"], normalize(b[\"advantages\"])))"),
     ("iif.py", "II: influence", "    _, dl = jvp(losses, (primals,), (g,))\n    return -dl",
      "    _, dl = jvp(losses, (primals,), (g,))\n    return dl"),
     ("iif.py", "II: influence", "adv = normalize(b[\"advantages\"])\n", "adv = b[\"advantages\"]\n"),
@@ -81,7 +81,7 @@ MUTATIONS = [
     ("iif_variants.py", "II: guard", "return agreement, args.filter_p if agreement >= args.min_agreement else 0.0",
      "return agreement, args.filter_p if agreement < args.min_agreement else 0.0"),
     # ---- iif.py, Stage III: the PPO update on the kept records ----
-    ("iif.py", "III: shuffling", "perm = kept_idx[torch.as_tensor(rng.permutation(len(kept_idx)))]",
+    ("iif.py", "III: shuffling", "perm = kept_idx[torch.as_tensor(rng.permutation(len(kept_idx)), device=kept_idx.device)]",
      "perm = kept_idx"),
     ("iif.py", "III: normalisation", "mb_adv = normalize(b[\"advantages\"][mb_inds])",
      "mb_adv = b[\"advantages\"][mb_inds]"),
@@ -157,7 +157,7 @@ MUTATIONS = [
     # ---- rlhf_iif.py, Stage III ----
     ("rlhf_iif.py", "III: shuffling", "perm = kept_idx[torch.randperm(len(kept_idx), generator=gen)].to(device)",
      "perm = kept_idx.to(device)"),
-    ("rlhf_iif.py", "III: loss weights", "loss = (ppo_losses(policy, b, mb, args, parts=parts) * w).mean()",
+    ("rlhf_iif.py", "III: loss weights", "loss = (ppo_losses(policy, b, mb, args, parts=parts) * w[mb]).mean()",
      "loss = ppo_losses(policy, b, mb, args, parts=parts).mean()"),
     ("rlhf_iif.py", "III: diagnostics", "torch.exp(logr) - 1 - logr", "torch.exp(logr) - 1"),
     ("rlhf_iif.py", "III: diagnostics", "(pg2 > pg1).float(), (vf2 > vf1).float()",

@@ -4,13 +4,13 @@ timings only) and the byte-level tokenizer of benchmarks/rlhf_toy_task.py. Print
 of each run warms up) and the ratios the paper's cost claims rest on.
 
     python benchmarks/round_time.py --shape gpt-neo-2.7B --device cuda    # Table 4's setting, on a GPU
-    python benchmarks/round_time.py --shape gpt-neo-2.7B --device cuda --compile   # rlhf_iif.py --compile
+    python benchmarks/round_time.py --shape gpt-neo-2.7B --device cuda --compile   # rlhf_compile.py
     python benchmarks/round_time.py --script grpo --shape qwen2.5-0.5B --device cuda --batch-size 128 \
         --gen-tokens 128 --mini-batch-size 16 --num-generations 8
     python benchmarks/round_time.py --shape gpt-neo-125M --batch-size 32 --threads 1    # a CPU
 
 rlhf: --batch-size episodes a round, mini-batch 1, 4 epochs, LoRA r 16 on q/v (the paper's and the released
-code's), --compile passed on; grpo: --batch-size completions a generation batch, --num-generations per prompt, --mini-batch-size a
+code's), rlhf_compile.py's loop with --compile; grpo: --batch-size completions a generation batch, --num-generations per prompt, --mini-batch-size a
 micro-batch, LoRA. Both at the scripts' default --dtype and --forward-batch-size for the device unless given.
 """
 import argparse
@@ -97,9 +97,9 @@ def run(script, root, runs, method, rep, a):
               "--run-name", f"{method}_{rep}",
               *(["--threads", str(a.threads)] if a.threads else []), *(["--dtype", a.dtype] if a.dtype else []),
               *(["--forward-batch-size", str(a.forward_batch_size)] if a.forward_batch_size else [])]
-    if script.__name__ == "rlhf_iif":
+    if script.__name__ in ("rlhf_iif", "rlhf_compile"):
         flags = [*common, "--mini-batch-size", "1", "--ppo-epochs", "4", "--rounds", str(a.rounds),
-                 "--device", a.device, "--eval-every", "0", *(["--compile"] if a.compile else [])]
+                 "--device", a.device, "--eval-every", "0"]
     else:
         steps = a.batch_size // a.mini_batch_size
         flags = [*common, "--mini-batch-size", str(a.mini_batch_size), "--num-generations", str(a.num_generations),
@@ -128,7 +128,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="rounds (generation batches) a run; the first warms up")
     ap.add_argument("--reps", type=int, default=2, help="alternating runs of each method")
     ap.add_argument("--threads", type=int)
-    ap.add_argument("--compile", action="store_true", help="rlhf only: rlhf_iif.py --compile")
+    ap.add_argument("--compile", action="store_true", help="rlhf only: rlhf_compile.py's loop")
     ap.add_argument("--task", help="the task's folder: built there unless it holds one (default: a temporary one)")
     ap.add_argument("--save-dtype", choices=["bfloat16", "float32"], default="float32",
                     help="the dtype a task's policy is saved in when built")
@@ -136,7 +136,7 @@ def main():
     ap.add_argument("--runs-dir", help="where the runs' folders go (default: in the task's folder)")
     a = ap.parse_args()
     if a.compile and a.script != "rlhf":
-        ap.error("--compile is rlhf_iif.py's flag (--script rlhf)")
+        ap.error("--compile runs rlhf_compile.py (--script rlhf)")
     if a.build_only and not a.task:
         ap.error("--build-only needs --task")
     if a.threads:
@@ -151,7 +151,9 @@ def measure(a, root):
     if a.build_only:
         print(f"{a.shape} ({n_params / 1e9:.2f} B parameters, saved in {a.save_dtype}) -> {root}", file=sys.stderr)
         return
-    if a.script == "rlhf":
+    if a.script == "rlhf" and a.compile:
+        import rlhf_compile as script
+    elif a.script == "rlhf":
         import rlhf_iif as script
     else:
         import grpo_iif as script

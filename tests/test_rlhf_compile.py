@@ -1,8 +1,9 @@
-"""rlhf_iif.py --compile on the CPU (forward and loss under torch.compile; the CUDA graph around them needs a GPU:
+"""rlhf_compile.py on the CPU (forward and loss under torch.compile; the CUDA graph around them needs a GPU:
 benchmarks/gpu_check.sh): the same algorithm as the eager step, at static shapes, on the tests' 2-layer GPT-2; the
 CUDA-graph path of CompiledStep with a stand-in for torch.cuda; and gpu_check.sh itself at a tiny shape."""
 import contextlib
 import copy
+import functools
 import os
 import re
 import subprocess
@@ -21,7 +22,7 @@ CPU = torch.device("cpu")
 
 
 def budget_buffer(policy, ref, prompts, reward_fn, tok, args):
-    """Stage I as rlhf_iif.main runs it under --compile: rows as wide as the prompt budget"""
+    """Stage I as rlhf_compile.main runs it: rows as wide as the prompt budget"""
     b = rlhf_compile.compiled_sampler(policy, args, CPU)(policy, prompts, tok, args, CPU)
     b["rewards"] = reward_fn(b["texts"], prompts)
     return rlhf_iif.rollout(policy, ref, b, 0.05, args)
@@ -42,7 +43,7 @@ def eager_and_compiled(toy):
     """Two rounds of Stage III from one state, eagerly and compiled, on buffers padded to the prompt budget: round 1
     keeps 7 of 8 episodes (minibatches of 3, 3 and a padded 1), round 2 has shorter prompts and I-PPO-like
     weights, and runs with recompiling forbidden"""
-    args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile")
+    args, policy, ref, tok, reward_fn, prompts = setup(toy)
     torch.manual_seed(1)
     buffers = [budget_buffer(policy, ref, prompts[8 * i:8 * i + 8], reward_fn, tok, args)
                for i in range(2)]
@@ -52,14 +53,15 @@ def eager_and_compiled(toy):
     out = {}
     for mode in ("eager", "compiled"):
         policy.load_state_dict(state)
-        optimizer = rlhf_iif.make_optimizer(policy, args, CPU)
-        step = (rlhf_compile.CompiledStep(policy, optimizer, args, CPU) if mode == "compiled"
-                else rlhf_iif.adam_step(policy, optimizer, args))
+        optimizer = rlhf_compile.make_optimizer(policy, args, CPU)
+        # the compiled loop's Stage III against rlhf_iif.py's own
+        update = (functools.partial(rlhf_compile.ppo_update, rlhf_compile.CompiledStep(policy, optimizer, args, CPU))
+                  if mode == "compiled" else functools.partial(rlhf_iif.ppo_update, policy, optimizer))
         gen = torch.Generator().manual_seed(0)
-        rounds = [rlhf_iif.ppo_update(step, buffers[0], kept, args, gen)]
+        rounds = [update(buffers[0], kept, args, gen)]
         torch.compiler.set_stance("fail_on_recompile")
         try:
-            rounds.append(rlhf_iif.ppo_update(step, buffers[1], kept, args, gen, weights))
+            rounds.append(update(buffers[1], kept, args, gen, weights))
         finally:
             torch.compiler.set_stance("default")
         out[mode] = rounds, {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
@@ -88,7 +90,7 @@ def test_no_recompile_across_prompt_lengths(eager_and_compiled):
 
 def test_padding_to_the_budget_changes_no_loss_or_score(toy):
     """float64, away from theta(k): the per-episode losses and the influence scores of a buffer padded to its
-    longest prompt equal those of the same buffer padded further (as --compile pads every buffer)"""
+    longest prompt equal those of the same buffer padded further (as rlhf_compile.py pads every buffer)"""
     args, policy, ref, tok, reward_fn, prompts = setup(toy)
     policy.to(torch.float64)
     b = rlhf_iif.episodes(policy, ref, prompts[:8], 0.05, reward_fn, tok, args, CPU)
@@ -104,7 +106,7 @@ def test_padding_to_the_budget_changes_no_loss_or_score(toy):
 
 @pytest.mark.parametrize("arch", ["gpt2", "gpt_neo"])
 def test_static_cache_samples_what_the_dynamic_cache_samples(arch):
-    """--compile generates with a static KV cache: for one seed, the same continuations as the dynamic cache
+    """rlhf_compile.py generates with a static KV cache: for one seed, the same continuations as the dynamic cache
     (GPT-Neo within its local window; past it static_cache() keeps the dynamic cache)"""
     from peft import LoraConfig, get_peft_model
     tok = byte_tokenizer()
@@ -218,7 +220,7 @@ def test_cuda_graph_path_warms_up_captures_and_replays_as_eager_steps(toy, monke
     """CompiledStep's CUDA path on the CPU (torch.compile and torch.cuda stood in for): 3 warm-up steps on a side
     stream, a capture after zero_grad(set_to_none=True), then replays whose outputs are cloned; new shapes and
     loaded optimizer state warm up and capture again; every loss and weight as the eager steps give them"""
-    args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile")
+    args, policy, ref, tok, reward_fn, prompts = setup(toy)
     torch.manual_seed(1)
     bs = [budget_buffer(policy, ref, prompts[8 * i:8 * i + 8], reward_fn, tok, args)
           for i in range(2)]
@@ -229,7 +231,7 @@ def test_cuda_graph_path_warms_up_captures_and_replays_as_eager_steps(toy, monke
     out = {}
     for mode in ("eager", "graph"):
         policy.load_state_dict(state)
-        optimizer = rlhf_iif.make_optimizer(policy, args, CPU)
+        optimizer = rlhf_compile.make_optimizer(policy, args, CPU)
         fake = FakeCuda(policy, optimizer)
         if mode == "graph":
             for name in ("Stream", "current_stream", "stream", "CUDAGraph", "graph"):
@@ -257,16 +259,16 @@ def test_cuda_graph_path_warms_up_captures_and_replays_as_eager_steps(toy, monke
     assert max((w_e[n] - w_g[n]).abs().max().item() for n in w_e) < 1e-6
 
 
-def test_make_optimizer_on_cuda_is_fused_and_with_compile_capturable(toy, monkeypatch):
+def test_make_optimizer_on_cuda_is_fused_and_compiled_capturable(toy, monkeypatch):
     made = []
     monkeypatch.setattr(torch.optim, "Adam", lambda params, **kw: made.append(kw))
     cuda = torch.device("cuda")
-    for extra in ([], ["--compile"]):
-        args = rlhf_iif.resolve_args(tyro.cli(rlhf_iif.Args, args=flags(toy, *extra)))
-        rlhf_iif.make_optimizer(torch.nn.Linear(2, 2), args, cuda)
-        rlhf_iif.make_optimizer(torch.nn.Linear(2, 2), args, CPU)
-    assert [(kw["fused"], kw["capturable"]) for kw in made] == [(True, False), (None, False), (True, True),
-                                                                 (None, False)]
+    args = rlhf_iif.resolve_args(tyro.cli(rlhf_iif.Args, args=flags(toy)))
+    for make in (rlhf_iif.make_optimizer, rlhf_compile.make_optimizer):
+        make(torch.nn.Linear(2, 2), args, cuda)
+        make(torch.nn.Linear(2, 2), args, CPU)
+    assert [(kw["fused"], kw.get("capturable", False)) for kw in made] == [(True, False), (None, False),
+                                                                            (True, True), (None, False)]
     assert all(kw["lr"] == args.learning_rate and isinstance(kw["lr"], float) for kw in made)
 
 
@@ -294,11 +296,11 @@ def test_compiled_step_reads_no_value_on_the_host(toy, monkeypatch):
     """What a CUDA graph captures may not make the GPU wait for the host: the compiled forward + loss and its
     backward hold no operation that reads a value (.item(), nonzero, a tensor's truth); fullgraph=True forbids a
     graph break, so nothing else runs between them. (Eagerly, transformers' mask code does read one.)"""
-    args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile")
+    args, policy, ref, tok, reward_fn, prompts = setup(toy)
     b = budget_buffer(policy, ref, prompts[:8], reward_fn, tok, args)
     graphs = []
     monkeypatch.setattr(torch, "compile", recording_compile(graphs))
-    step = rlhf_compile.CompiledStep(policy, rlhf_iif.make_optimizer(policy, args, CPU), args, CPU)
+    step = rlhf_compile.CompiledStep(policy, rlhf_compile.make_optimizer(policy, args, CPU), args, CPU)
     step(b, torch.tensor([2, 5]), torch.ones(2))
     assert len(graphs) == 2 and len(ops(graphs)) > 20  # forward and backward
     assert not ops(graphs) & SYNCS
@@ -311,7 +313,7 @@ def test_compiled_step_reads_no_value_on_the_host(toy, monkeypatch):
 
 def test_compiled_and_eager_bfloat16_steps_agree_within_bfloat16_rounding(toy):
     """--dtype bfloat16 compiled on the CPU: fused kernels round differently, so the check is a tolerance"""
-    args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile", "--dtype", "bfloat16")
+    args, policy, ref, tok, reward_fn, prompts = setup(toy, "--dtype", "bfloat16")
     b = budget_buffer(policy, ref, prompts[:8], reward_fn, tok, args)
     mbs = [torch.tensor(m) for m in ([0, 1, 2], [3, 4, 5], [6, 7, 0], [1, 2, 3])]
     state, losses = trained(policy), {}
@@ -320,7 +322,7 @@ def test_compiled_and_eager_bfloat16_steps_agree_within_bfloat16_rounding(toy):
             for n, p in policy.named_parameters():
                 if p.requires_grad:
                     p.copy_(state[n])
-        optimizer = rlhf_iif.make_optimizer(policy, args, CPU)
+        optimizer = rlhf_compile.make_optimizer(policy, args, CPU)
         losses[mode] = (compiled_steps(rlhf_compile.CompiledStep(policy, optimizer, args, CPU), b, mbs)
                         if mode == "compiled" else eager_steps(policy, optimizer, b, mbs, args))
     diff = max(abs(a - c) for a, c in zip(losses["eager"], losses["compiled"]))
@@ -329,10 +331,10 @@ def test_compiled_and_eager_bfloat16_steps_agree_within_bfloat16_rounding(toy):
 
 
 def test_static_cache_decoding_compiles_once_for_two_rounds(toy, monkeypatch):
-    """generate() with --compile's static cache and its compile_config (on CUDA; here on the CPU): the second round
+    """generate() with rlhf_compile.py's static cache and its compile_config (on CUDA; here on the CPU): the second round
     of the same shapes compiles no new graph"""
     from torch._dynamo.utils import counters
-    args, policy, ref, tok, reward_fn, prompts = setup(toy, "--compile")
+    args, policy, ref, tok, reward_fn, prompts = setup(toy)
     real = rlhf_compile.static_cache
 
     def on_this_cpu(lm, length, device):  # what static_cache gives a CUDA device, allowed on the CPU
@@ -382,6 +384,6 @@ def test_gpu_check_runs_both_calls_end_to_end_at_a_tiny_shape(tmp_path, request)
     assert "| optimiser step, ms |" in (out / "round_time_rlhf_compile.md").read_text()
     assert "Projected to 256 episodes" in (out / "round_time_rlhf_eager.md").read_text()
     assert "Acrobot-v1 on gymnasium, cpu: 2 rounds" in (out / "iif_cuda.md").read_text()  # --no-cuda on a CPU
-    run = out / "round_time_rlhf_compile_runs" / "influence_0"  # rlhf_iif.py --compile through main
+    run = out / "round_time_rlhf_compile_runs" / "influence_0"  # rlhf_compile.main
     assert '"compile": true' in (run / "config.json").read_text()
     assert (run / "policy" / "adapter_config.json").exists()
