@@ -78,6 +78,10 @@ class Args(iif.Args):
     LunarLander and MiniGrid IIF scripts do (a process per round); off: episodes run on"""
 
     # Beyond the paper
+    reseed_from: int = -1
+    """after round K's rollout, reseed torch and numpy: the same theta(0) and first buffers, other
+    actions and minibatch orders from there (a run against its own reseeded copy is a noise floor
+    of the comparisons, which share theta(0) and B(0) too); -1: never"""
     influence_precond: Literal["none", "adam"] = "none"
     """score a record's gradient (an SGD step, the paper's), or the step Adam takes (needs adam)"""
     target_kl: float = 0.0
@@ -458,6 +462,9 @@ def main(args):
             with timed("t_rollout"):
                 b, next_obs, train_return, train_length = collect_rollout(agent, envs, next_obs,
                                                                           ep_ret, args)
+            if k == args.reseed_from:  # other randomness from here
+                torch.manual_seed(args.seed + 1_000_003)
+                rng.bit_generator.state = np.random.default_rng(args.seed + 1_000_003).bit_generator.state
 
             # Stage II (Alg. 1)
             with timed("t_influence"):
@@ -595,7 +602,7 @@ NOT_COMPARED = ("resume", "threads", "runs_dir", "batch_size", "num_rounds", "en
                 "wandb_entity", "capture_video", "save_model", "eval_model")
 # flags newer than some saved runs: a config.json without them was made with them off
 ADDED_FLAGS = dict(min_agreement=-1.0, influence_precond="none", target_kl=0.0, score_log_std=True,
-                   reseed_rounds=False, hold_step="none", hold_to="standard")
+                   reseed_rounds=False, hold_step="none", hold_to="standard", reseed_from=-1)
 
 
 class Run:

@@ -10,6 +10,8 @@ records (chosen by influence, or all) and step (IIF's, or standard's), and the c
     held-random  as many dropped at random, held  --filter-method random --hold-step exact
     lifted       all records, IIF's step          --filter-method none --hold-step exact --hold-to influence
     random       as many dropped at random        --filter-method random (Fig. 6(b)'s control, unheld)
+    reseeded     standard PPO, reseeded after its first rollout: the noise floor of these comparisons, whose
+                 arms share theta(0) and B(0)        --filter-method none --reseed-from 0
 
 Held IIF against held random: does choosing the records help at an equal step? Lifted standard against IIF: does
 the step explain IIF's gain? Every arm runs at the paper's test protocol (its preset's test episodes; envpool where
@@ -56,13 +58,14 @@ ARMS = {
     "held-random": ["--filter-method", "random", "--hold-step", "exact"],
     "lifted": ["--filter-method", "none", "--hold-step", "exact", "--hold-to", "influence"],
     "random": ["--filter-method", "random"],  # Fig. 6(b)'s third method, at the paper's test protocol too
+    "reseeded": ["--filter-method", "none", "--reseed-from", "0"],  # the noise floor: standard PPO's own copy
 }
 FIRST = ["standard", "influence", "held", "held-random"]  # they answer the main question; lifted after
 # the table's rows: (name, baseline arm, compared arm)
 ROWS = [("held IIF - held random", "held-random", "held"), ("held IIF - standard", "standard", "held"),
         ("held random - standard", "standard", "held-random"), ("IIF - standard", "standard", "influence"),
         ("IIF - lifted standard", "lifted", "influence"), ("lifted standard - standard", "standard", "lifted"),
-        ("random - standard", "standard", "random")]
+        ("random - standard", "standard", "random"), ("reseeded standard - standard", "standard", "reseeded")]
 
 
 def stage_runs(envs, seeds, arms):

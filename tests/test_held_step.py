@@ -244,3 +244,14 @@ def test_hold_step_flags_that_cannot_go_together(tmp_path, flags):
     with pytest.raises(SystemExit, match="--hold-"):
         variants.resolve_args(tyro.cli(variants.Args, args=["--runs-dir", str(tmp_path), "--run-name", "r", *SHORT,
                                                             "--hold-step", "exact", *flags]))
+
+
+def test_reseeding_after_the_first_rollout_shares_it_and_nothing_after(tmp_path):
+    """--reseed-from 0: round 0's rollout is the run's own, its update and everything after draw other numbers; past the
+    last round, nothing changes (the null check)"""
+    plain = run(tmp_path, "--filter-method", "none", name="plain")
+    late = run(tmp_path, "--filter-method", "none", "--reseed-from", "3", name="late")  # 3 rounds: never reached
+    early = run(tmp_path, "--filter-method", "none", "--reseed-from", "0", name="early")
+    assert untimed(late) == untimed(plain)
+    assert early[0]["train_return"] == plain[0]["train_return"] and early[0]["n_negative"] == plain[0]["n_negative"]
+    assert early[0]["kl"] != plain[0]["kl"] and early[1]["kl"] != plain[1]["kl"]
