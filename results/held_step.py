@@ -19,6 +19,7 @@ ported), so standard PPO and IIF are run again beside the held arms.
 
     python results/held_step.py runs          # seed by seed: standard, IIF, held, held random; then lifted, random
     python results/held_step.py table > results/held-step/table.md
+    python results/held_step.py summary > results/held-step/summary.md   # the SE_ave rows, for docs/results.md
     python results/held_step.py proxy > results/held-step/proxy.md   # --hold-step grad-norm against exact
 
 Every stage skips finished runs and resumes unfinished ones (iif_variants.py --resume); --envs, --seeds and --arms
@@ -140,7 +141,37 @@ def verdict(x):
     mean, lo, hi = t_interval(x)
     if len(x) > 1 and (lo > 0 or hi < 0):
         return "ahead" if lo > 0 else "behind"
-    return f"not detected over {len(x)} seeds"
+    return f"not detected over {len(x)} seed{'' if len(x) == 1 else 's'}"
+
+
+SUMMARY = [("IIF - standard", "standard", "influence"), ("held IIF - held random", "held-random", "held"),
+           ("held IIF - standard", "standard", "held"), ("IIF - lifted standard", "lifted", "influence"),
+           ("reseeded standard - standard", "standard", "reseeded")]
+
+
+def stage_summary(envs):
+    """The table's SE_ave differences in short: mean [95 % t-interval] and the verdict, seeds in brackets"""
+    import analysis
+    print("SE_ave differences (%, over the baseline arm's record levels): mean [95 % t-interval], (seeds); "
+          "ahead / behind where the t-interval excludes 0. From results/held_step.py summary.\n")
+    print("| env | " + " | ".join(name for name, _, _ in SUMMARY) + " |")
+    print("|---|" + "---|" * len(SUMMARY))
+    for env_id in envs:
+        path = os.path.join(OUT, "runs")
+        if not any(d.startswith(env_id + "__") for d in os.listdir(path)):
+            continue
+        found, n = analysis.load_runs(path, env_id), ENVS[env_id][1]
+        cells = []
+        for _, base, other in SUMMARY:
+            c = compare(found.get(base, {}), found.get(other, {}), n)
+            if len(c["seeds"]) < 2:
+                cells.append(f"({len(c['seeds'])} seed{'' if len(c['seeds']) == 1 else 's'})")
+                continue
+            mean, lo, hi = t_interval(100 * np.asarray(c["se_ave"]))
+            v = verdict(c["se_ave"])
+            cells.append(f"{mean:.1f} [{lo:.1f}, {hi:.1f}] ({len(c['seeds'])}) "
+                         + (v if v in ("ahead", "behind") else "not detected"))
+        print(f"| {env_id} | " + " | ".join(cells) + " |")
 
 
 def stage_table(envs):
@@ -186,7 +217,7 @@ def stage_table(envs):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["runs", "proxy", "table"])
+    parser.add_argument("stage", choices=["runs", "proxy", "table", "summary"])
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
@@ -194,4 +225,4 @@ if __name__ == "__main__":
     dict(runs=lambda: stage_runs(a.envs, a.seeds, a.arms),
          proxy=lambda: stage_proxy(a.envs if a.envs != list(ENVS) else ["FrozenLake-v1", "Acrobot-v1",
                                                                          "MiniGrid-Empty-8x8-v0"]),
-         table=lambda: stage_table(a.envs))[a.stage]()
+         table=lambda: stage_table(a.envs), summary=lambda: stage_summary(a.envs))[a.stage]()
