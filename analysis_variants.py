@@ -13,6 +13,7 @@ import glob
 import json
 import math
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -818,8 +819,15 @@ def frontier_points(runs_dir, env, seeds, metrics):
 
 def frontier_name(method):
     """IPPO_LABELS' name, with the value coefficient of a <label>-vf<coef> run"""
-    base, _, vf = method.partition("-vf")
-    return IPPO_LABELS[base] + (f", value coefficient {vf}" if vf else "")
+    base, vf, horizon = label_parts(method)
+    return IPPO_LABELS[base] + (f", value coefficient {vf}" if vf else "") + (
+        f", KL horizon {horizon}" if horizon else "")
+
+
+def label_parts(method):
+    """A frontier label's method, its -vf<coef> (VF_COEF) and its -h<episodes> (KL_HORIZON)"""
+    m = re.fullmatch(r"(.+?)(?:-vf([\d.]+))?(?:-h(\d+))?", method)
+    return m.group(1), m.group(2), m.group(3)
 
 
 def envelope(points, lower_is_better=False):
@@ -934,7 +942,7 @@ def cmd_frontier(args):
         print("| method | beta | seeds | KL to the reference | " + " | ".join(FRONTIER_METRICS[m] for m in metrics)
               + " |")
         print("|---|---|---|---|" + "---|" * len(metrics))
-        methods = sorted(points, key=lambda m: (list(IPPO_LABELS).index(m.partition("-vf")[0]), m))
+        methods = sorted(points, key=lambda m: (list(IPPO_LABELS).index(label_parts(m)[0]), m))
         for m in methods:
             for beta, p in sorted(points[m].items()):
                 print(f"| {frontier_name(m)} | {beta:g} | {len(p['final_kl'])} | "
@@ -985,8 +993,8 @@ def cmd_frontier(args):
                 pts = sorted(points[m].items())
                 kl = np.array([np.mean(p["final_kl"]) for _, p in pts])
                 y = np.array([np.nanmean(p[metric]) for _, p in pts])
-                color = IPPO_COLORS[m.partition("-vf")[0]]
-                style = "--" if "-vf" in m else "-"
+                color = IPPO_COLORS[label_parts(m)[0]]
+                style = "--" if label_parts(m)[1] else ":" if label_parts(m)[2] else "-"
                 a.errorbar(kl, y, xerr=[np.std(p["final_kl"]) for _, p in pts],
                            yerr=[np.nanstd(p[metric]) for _, p in pts], color=color, linestyle="none", marker="o",
                            markersize=3, capsize=2, label=frontier_name(m))

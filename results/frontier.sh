@@ -10,6 +10,10 @@
 # loss's coefficient (default 0.1, TRL's; its runs are named <label>-vf<VF_COEF>-b<beta> when set):
 #   VF_COEF=0.01 bash results/frontier.sh "1 2 3 4 5" "none influence i-ppo i-ppo-noreweight" detox   # docs/ippo.md
 #   [BETAS_detox="..."] [BETAS_cot="..."] [VF_COEF=...] bash results/frontier.sh "1 2 3 4 5" "none influence i-ppo i-ppo-noreweight" "detox cot"
+# KL_HORIZON sets the adaptive controller's horizon (default 10,000 episodes, TRL's; its runs are named
+# <label>-h<KL_HORIZON>-b<beta> when set). The paper's 10,000 over its 109 rounds of 256 episodes, scaled to a toy
+# run's 30 of 64, is 688: there the controller acts on beta as it would over the paper's run:
+#   KL_HORIZON=688 BETAS_detox=0.2 bash results/frontier.sh "1 2 3 4 5" "none influence" detox
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-"1 2 3 4 5"}; labels=${2:-"none influence i-ppo i-ppo-noreweight"}; tasks=${3:-"detox cot"}
@@ -21,7 +25,7 @@ for task in $tasks; do
   for beta in ${!betas}; do jobs+=("$task $beta"); done
 done
 run() {  # task beta: every seed and label, seed by seed
-  local tag=${VF_COEF:+-vf$VF_COEF}-b$2
+  local tag=${VF_COEF:+-vf$VF_COEF}${KL_HORIZON:+-h$KL_HORIZON}-b$2
   local log=results/frontier/$1$tag.$$.log
   BETA=$2 RUNS=results/frontier/runs TAG=$tag bash results/ippo.sh "$SEEDS" "$LABELS" "$1" > $log 2>&1 && rm $log
 }

@@ -6,14 +6,16 @@
 #   i-ppo (its rules, 128 reference answers), i-ppo-noreweight (the same, loss weights 1), i-ppo-v16 (16 answers).
 # Resumable: a finished run (its final.json written) is skipped, an unfinished one continues from its checkpoint.pt
 # (deleted once the run is finished); a run made before rlhf_variants.py wrote final.json is run again. BETA sets --init-kl-coef (default 0.2; results/frontier.sh sweeps it), VF_COEF --vf-coef (default
-# 0.1, TRL's), RUNS the runs' folder (default results/runs) and TAG a suffix of the label in the run's name.
+# 0.1, TRL's), KL_HORIZON --kl-horizon (default 10,000), RUNS the runs' folder (default results/runs) and TAG a
+# suffix of the label in the run's name.
 #   bash results/ippo.sh "1 2 3 4 5" "sft none influence i-ppo i-ppo-noreweight i-ppo-v16" "detox cot"
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-"1 2 3 4 5"}; labels=${2:-"sft none influence i-ppo i-ppo-noreweight i-ppo-v16"}; tasks=${3:-"detox cot"}
 detox=results/rlhf_toy_task; cot=results/cot_addition_task
 runs=${RUNS:-results/runs}
-common=(--batch-size 64 --learning-rate 3e-4 --init-kl-coef "${BETA:-0.2}" --vf-coef "${VF_COEF:-0.1}" --rounds 30
+common=(--batch-size 64 --learning-rate 3e-4 --init-kl-coef "${BETA:-0.2}" --vf-coef "${VF_COEF:-0.1}"
+        --kl-horizon "${KL_HORIZON:-10000}" --rounds 30
         --threads 1 --eval-samples 200)
 for task in $tasks; do
   case $task in
