@@ -53,7 +53,7 @@ PRESETS = {
     "BipedalWalker-v3": dict(total_timesteps=1_024_000, optimizer="adam", learning_rate=3e-4,
                              filter_p=0.0625, eval_episodes=100, envpool={}),
 }
-# any other env: SB3's PPO defaults, 50 rounds, no filter (it slowed CartPole and DoorKey: README)
+# any other env: SB3's PPO defaults, 50 rounds, no filter (filtering every round slowed DoorKey: docs/usage.md)
 DEFAULTS = dict(total_timesteps=102_400, optimizer="adam", learning_rate=3e-4, filter_p=0.5,
                 eval_episodes=100, filter_method="none")
 MAX_EPISODE_STEPS = 1000  # the time limit of an env registered without one
@@ -66,6 +66,8 @@ def preset_of(env_id):
 def by_preset(key):  # --help's default of a flag each env's preset sets
     values = ", ".join(f"{env.split('-')[0]} {preset_of(env)[key]}" for env in PRESETS)
     return tyro.conf.arg(help_behavior_hint=f"(default: {values}; other envs {preset_of(None)[key]})")
+
+
 OUTSIDE = dict(  # the line an env without a preset prints (README: "Outside the paper's six environments")
     none="not a paper env: standard PPO (--filter-method influence filters)",
     influence="not a paper env: IIF filters every round, as Alg. 1; measured so over 5 seeds, its SE_ave was "
@@ -277,7 +279,8 @@ def collect_rollout(agent, envs, next_obs, ep, args):
             ep[:, i] = 0.0
             if truncations[step, i] and not terminations[step, i]:
                 truncated.append((step, i, info["final_obs"][i]))
-    r = {key: torch.from_numpy(v).to(as_tensor(0, agent).device) for key, v in dict(
+    device = next(agent.parameters()).device
+    r = {key: torch.from_numpy(v).to(device) for key, v in dict(
         obs=obs, actions=actions, rewards=rewards, terminations=terminations.astype(np.float32),
         dones=(terminations | truncations).astype(np.float32)).items()}
     with torch.no_grad():  # log pi(a|s) and V(s) at theta(k) of all records in one batched pass
@@ -493,8 +496,9 @@ def main(args):
         agent.load_state_dict(torch.load(args.eval_model, map_location=device)["agent"])
         if args.capture_video:
             record_video(agent, args, 0)
-        return print(f"{args.eval_model}: test return %.3f +- %.3f over {args.eval_episodes} episodes"
-                     % evaluate(agent, eval_envs, args.eval_episodes, args.seed + 10_000))
+        test = evaluate(agent, eval_envs, args.eval_episodes, args.seed + 10_000)
+        print(f"{args.eval_model}: test return {test[0]:.3f} +- {test[1]:.3f} over {args.eval_episodes} episodes")
+        return
     optimizer = make_optimizer(agent, args)
     run_dir = os.path.join(args.runs_dir, args.run_name)
     if os.path.exists(os.path.join(run_dir, "metrics.csv")):
@@ -586,7 +590,7 @@ def record_video(agent, args, k):
     env = gym.vector.SyncVectorEnv([lambda: gym.wrappers.RecordVideo(
         make_env(args.env_id, "rgb_array")(), f"videos/{args.run_name}", name_prefix=f"round-{k}",
         disable_logger=True)])
-    device = as_tensor(0, agent).device
+    device = next(agent.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed + 20_000 + k)
         evaluate(agent, env, 1, args.seed + 20_000 + k)
