@@ -143,14 +143,6 @@ def mean_ci(x):
     return float(np.mean(x)), float(ci.low), float(ci.high)
 
 
-def mean_t(x):
-    """Mean over seeds and its 95 % t-interval (nan with one seed): with 3 to 5 seeds, wider and
-    truer than the percentile bootstrap, whose interval at 3 seeds is the seeds' range"""
-    x = np.asarray(x, dtype=float)
-    h = scipy.stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)) if len(x) > 1 else math.nan
-    return float(x.mean()), float(x.mean() - h), float(x.mean() + h)
-
-
 def fmt_ci(x, scale=100.0, fmt=".1f"):
     mean, low, high = (scale * v for v in mean_ci(x))
     return f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]"

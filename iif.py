@@ -251,8 +251,8 @@ def env_action(agent, action, act_space):
     return action.cpu().numpy()
 
 
-def as_tensor(x, agent):  # observations, on the agent's device
-    return torch.as_tensor(x, dtype=torch.float32, device=next(agent.parameters()).device)
+def as_tensor(x, device):  # observations, on the agent's device
+    return torch.as_tensor(x, dtype=torch.float32, device=device)
 
 
 # ---- Stage I of Alg. 1: the rollout buffer B(k) and its advantages (Sec. 2.1) ----
@@ -262,6 +262,7 @@ def collect_rollout(agent, envs, next_obs, ep, args):
     and the mean return and length of the episodes that ended (nan if none); ep carries the returns
     and lengths, (2, num_envs), of those under way."""
     T, N, act_space = args.num_steps, args.num_envs, envs.single_action_space
+    device = next(agent.parameters()).device
     obs = np.zeros((T, N) + envs.single_observation_space.shape, dtype=np.float32)
     actions = np.zeros((T, N) + act_space.shape, dtype=np.float32 if agent.continuous else np.int64)
     rewards = np.zeros((T, N), dtype=np.float32)
@@ -269,7 +270,7 @@ def collect_rollout(agent, envs, next_obs, ep, args):
     ended, truncated = [], []
     for step in range(T):
         obs[step] = next_obs
-        action = agent.act(as_tensor(next_obs, agent))
+        action = agent.act(as_tensor(next_obs, device))
         actions[step] = action.cpu()
         next_obs, rewards[step], terminations[step], truncations[step], info = envs.step(
             env_action(agent, action, act_space))
@@ -279,7 +280,6 @@ def collect_rollout(agent, envs, next_obs, ep, args):
             ep[:, i] = 0.0
             if truncations[step, i] and not terminations[step, i]:
                 truncated.append((step, i, info["final_obs"][i]))
-    device = next(agent.parameters()).device
     r = {key: torch.from_numpy(v).to(device) for key, v in dict(
         obs=obs, actions=actions, rewards=rewards, terminations=terminations.astype(np.float32),
         dones=(terminations | truncations).astype(np.float32)).items()}
@@ -288,11 +288,11 @@ def collect_rollout(agent, envs, next_obs, ep, args):
     r["logprobs"], r["values"] = logprobs.view(T, N), values.view(T, N)
     # next_values[t]: V of the state after step t (of the final observation where an episode was
     # truncated: bootstrapped, as SB3 does)
-    last_value = agent.value(as_tensor(next_obs, agent))
+    last_value = agent.value(as_tensor(next_obs, device))
     r["next_values"] = torch.cat([r["values"][1:], last_value[None]])
     if truncated:
         steps, env_ids, final_obs = zip(*truncated)
-        final_obs = as_tensor(np.stack(final_obs), agent)
+        final_obs = as_tensor(np.stack(final_obs), device)
         r["next_values"][steps, env_ids] = agent.value(final_obs)
     r["advantages"], r["returns"] = compute_gae(
         r["rewards"], r["values"], r["next_values"], r["terminations"], r["dones"], args.gamma,
@@ -448,9 +448,10 @@ def evaluate(agent, envs, n_episodes, seed):
     done_count, ep_ret, returns = np.zeros(n, dtype=int), np.zeros(n), []
     obs, _ = envs.reset(seed=seed)
     subset = not isinstance(envs, gym.vector.VectorEnv)  # envpool's can step only some envs
+    device = next(agent.parameters()).device
     while (done_count < quota).any():
         live = np.flatnonzero(done_count < quota) if subset else np.arange(n)
-        action = env_action(agent, agent.act(as_tensor(obs[live], agent)), envs.single_action_space)
+        action = env_action(agent, agent.act(as_tensor(obs[live], device)), envs.single_action_space)
         if subset:
             obs[live], reward, term, trunc, _ = envs.step(action, live)
         else:
@@ -509,14 +510,7 @@ def main(args):
     metrics_file = open(os.path.join(run_dir, "metrics.csv"), "w", newline="")
     metrics = csv.DictWriter(metrics_file, fieldnames=METRICS)
     metrics.writeheader()
-    if args.track:  # wandb, imported only when asked
-        import wandb
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=dataclasses.asdict(args), name=args.run_name, save_code=True)
-    from torch.utils.tensorboard import SummaryWriter
-    writer = SummaryWriter(run_dir)  # tensorboard --logdir runs
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-        f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items()))
+    writer = tensorboard(args, run_dir)
     print(f"{args.env_id} on {args.env_backend}, {device}: {args.num_rounds} rounds of "
           f"{args.batch_size} records, filter {args.filter_method} p={args.filter_p}, {args.optimizer}"
           f" lr={args.learning_rate}, {args.eval_episodes} test episodes a round -> {run_dir}")
@@ -561,9 +555,10 @@ def main(args):
         metrics.writerow(row)
         metrics_file.flush()  # an interrupted run keeps every finished round
         sps = int(row["global_step"] / (time.perf_counter() - start))
+        logged = {**row, "sps": sps}
         for tag, key in SCALARS.items():
-            if {**row, "sps": sps}[key] is not None:
-                writer.add_scalar(tag, {**row, "sps": sps}[key], row["global_step"])
+            if logged[key] is not None:
+                writer.add_scalar(tag, logged[key], row["global_step"])
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], row["global_step"])
         writer.add_histogram("iif/influence", scores, row["global_step"])
         if args.save_rounds:
@@ -582,6 +577,20 @@ def main(args):
     metrics_file.close()
     envs.close()
     eval_envs.close()
+
+
+def tensorboard(args, run_dir):
+    """CleanRL's SummaryWriter at runs/<run-name> (tensorboard --logdir runs), the flags as a table;
+    with --track, wandb (imported only when asked) syncing it"""
+    if args.track:
+        import wandb
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=dataclasses.asdict(args), name=args.run_name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+        f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items()))
+    return writer
 
 
 def record_video(agent, args, k):

@@ -122,8 +122,8 @@ def compare(base, other, n):
 
 
 def t_interval(x):
-    import analysis
-    return analysis.mean_t(x)
+    import analysis_variants
+    return analysis_variants.mean_t(x)
 
 
 def cell(x, scale=1.0):

@@ -461,7 +461,7 @@ def test_analysis_py_runs_copied_beside_iif_py_alone(tmp_path):
 def test_interval_functions_against_scipy(n):
     """mean_t is scipy's t-interval; mean_ci the percentile bootstrap, which at 3 seeds is the seeds' range"""
     x = np.random.default_rng(n).normal(10, 3, n)
-    mean, lo, hi = analysis.mean_t(x)
+    mean, lo, hi = analysis_variants.mean_t(x)
     ref = scipy.stats.t.interval(0.95, n - 1, loc=x.mean(), scale=scipy.stats.sem(x))
     assert mean == pytest.approx(x.mean()) and (lo, hi) == pytest.approx(ref, rel=1e-12)
     _, blo, bhi = analysis.mean_ci(x)
