@@ -884,4 +884,4 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         run_dir = os.path.join(args.runs_dir, args.run_name)
         sys.exit(f"\ninterrupted: every finished round is in {run_dir}/metrics.csv "
-                 "(rlhf_variants.py writes checkpoints and resumes)")
+                 "(research/rlhf_variants.py writes checkpoints and resumes)")

@@ -2,7 +2,7 @@
 
     python benchmarks/addition_toy_task.py --out results/addition_toy_task
     T=results/addition_toy_task
-    python grpo_variants.py --reward-fn exact-answer --model-name $T/policy --dataset $T/train.jsonl \
+    python research/grpo_variants.py --reward-fn exact-answer --model-name $T/policy --dataset $T/train.jsonl \
         --eval-dataset $T/test.jsonl --gen-tokens 4 ...      # the flags of results/grpo_filters.sh
 
 A prompt is "37+48=", its answer "85"; the reward is 1 when the completion's last number is the sum

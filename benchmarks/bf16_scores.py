@@ -19,6 +19,7 @@ import torch
 import tyro
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(sys.path[0], "research"))  # the files beyond the paper
 import grpo_iif  # noqa: E402
 import rlhf_iif  # noqa: E402
 

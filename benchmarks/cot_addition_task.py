@@ -24,6 +24,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(sys.path[0], "research"))  # the files beyond the paper
 from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_lm  # noqa: E402
 from rlhf_variants import chain, check  # noqa: E402
 

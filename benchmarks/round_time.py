@@ -26,6 +26,7 @@ import torch
 import tyro
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(sys.path[0], "research"))  # the files beyond the paper
 from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_classifier, write_data  # noqa: E402
 
 COLS = ["t_generate", "t_forward", "t_influence", "t_optim"]

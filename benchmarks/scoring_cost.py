@@ -18,6 +18,7 @@ import tyro
 from trl.trainer.utils import shuffle_sequence_dict, split_tensor_dict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(sys.path[0], "research"))  # the files beyond the paper
 import grpo_iif  # noqa: E402
 import rlhf_iif  # noqa: E402
 

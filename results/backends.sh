@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=results/backends
-run() { name=$1; shift; python iif_variants.py --runs-dir $out --run-name "$name" --resume "$@"; }
+run() { name=$1; shift; python research/iif_variants.py --runs-dir $out --run-name "$name" --resume "$@"; }
 for s in 1 2 3; do
   run Acrobot-v1__none-envpool__$s --env-id Acrobot-v1 --filter-method none --seed $s --eval-episodes 100 \
     --env-backend envpool

@@ -16,7 +16,7 @@ for seed in 1 2 3; do
     name=ippo-detox__$1__$seed; shift
     [ -f results/frontier/drift/$name/metrics.csv ] && [ $(($(wc -l < results/frontier/drift/$name/metrics.csv) - 1)) -ge 6 ] && continue
     rm -rf results/frontier/drift/$name
-    python rlhf_variants.py --batch-size 64 --learning-rate 3e-4 --vf-coef 0.1 --rounds 6 --threads 1 --eval-every 0 \
+    python research/rlhf_variants.py --batch-size 64 --learning-rate 3e-4 --vf-coef 0.1 --rounds 6 --threads 1 --eval-every 0 \
       --model-name $detox/policy --reward-model $detox/reward --dataset $detox/prompts.jsonl \
       --eval-dataset $detox/wiki_toxic.jsonl --eval-reward-model $detox/eval_reward --filter-method none \
       --seed $seed --runs-dir results/frontier/drift --run-name $name "$@"

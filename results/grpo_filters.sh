@@ -33,7 +33,7 @@ run() {  # run <prefix> <batches> <label> <seed> <grpo_variants.py flags...>
   case $label in validation-target) method=(--filter-method influence --target-data validation) ;;
                  i-ppo) method=(--filter-method i-ppo --validation-size 128) ;;
                  *) method=(--filter-method $label) ;; esac
-  python grpo_variants.py "${common[@]}" "$@" "${method[@]}" --seed $seed --run-name $name \
+  python research/grpo_variants.py "${common[@]}" "$@" "${method[@]}" --seed $seed --run-name $name \
     > results/runs/$name.log 2>&1 || { echo "$name failed: see results/runs/$name.log"; exit 1; }
 }
 

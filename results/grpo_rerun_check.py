@@ -110,7 +110,10 @@ def main():
         os.makedirs(task)
         build_task(task)
         for f in ("grpo_iif.py", "grpo_variants.py"):  # a commit after the split has both: each runs as today's
-            show = subprocess.run(["git", "show", f"{a.commit}:{f}"], cwd=ROOT, capture_output=True, text=True)
+            for where in (f, f"research/{f}"):  # the top level before the research folder
+                show = subprocess.run(["git", "show", f"{a.commit}:{where}"], cwd=ROOT, capture_output=True, text=True)
+                if show.returncode == 0:
+                    break
             if show.returncode == 0:
                 with open(os.path.join(old, f), "w") as out:
                     out.write(show.stdout)
@@ -119,7 +122,7 @@ def main():
             script, extra = CONFIGS[name]
             out = {}
             for who, path in (("old", os.path.join(old, script if split else "grpo_iif.py")),
-                              ("new", os.path.join(ROOT, script))):
+                              ("new", os.path.join(ROOT, "research", script))):
                 test = script == "grpo_variants.py" or (False if who == "new" or split else None)
                 p = subprocess.run([sys.executable, path, *flags(task, tmp, f"{name}-{who}", extra, test)],
                                    cwd=ROOT, env=env, capture_output=True, text=True)

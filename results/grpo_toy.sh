@@ -39,6 +39,6 @@ for seed in $seeds; do for label in $labels; do
     echo "skipped $name: finished in $dir (remove it to run it again)"; continue
   fi
   rm -rf $dir
-  python grpo_variants.py "${flags[@]}" "${method[@]}" --seed $seed --runs-dir results/runs --run-name $name &
+  python research/grpo_variants.py "${flags[@]}" "${method[@]}" --seed $seed --runs-dir results/runs --run-name $name &
   [ "$clock" = 1 ] || wait $!
 done; wait; done

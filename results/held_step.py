@@ -34,6 +34,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "research"))  # the files beyond the paper
 sys.path.insert(0, os.path.join(ROOT, "results"))
 from step_control import run  # noqa: E402
 

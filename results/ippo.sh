@@ -40,7 +40,7 @@ for task in $tasks; do
     fi
     resume=()
     if [ -f $dir/checkpoint.pt ]; then resume=(--resume); else rm -rf $dir; fi
-    python rlhf_variants.py "${common[@]}" "${flags[@]}" "${method[@]}" --seed $seed --runs-dir $runs \
+    python research/rlhf_variants.py "${common[@]}" "${flags[@]}" "${method[@]}" --seed $seed --runs-dir $runs \
       --run-name $name "${resume[@]}"
     rm -f $dir/checkpoint.pt
   done; done

@@ -15,10 +15,10 @@ complete() {  # seeds $S (default 1 2 3) of env $1's runs under $R (default resu
   done; done
 }
 python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels influence none random --out $F/curves_frozenlake.png > $F/curves_frozenlake.txt
-python analysis_variants.py efficiency --runs results/runs --env FrozenLake-v1 --at 0.5 0.9 0.95 0.99 > $F/efficiency_frozenlake.md
+python research/analysis_variants.py efficiency --runs results/runs --env FrozenLake-v1 --at 0.5 0.9 0.95 0.99 > $F/efficiency_frozenlake.md
 python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels influence none random adv-error adv-product td-weight --out $F/curves_baselines_frozenlake.png > $F/curves_baselines_frozenlake.txt
 for label in random adv-error adv-product td-weight; do
-  python analysis_variants.py efficiency --runs results/runs --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
+  python research/analysis_variants.py efficiency --runs results/runs --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
 done > $F/efficiency_baselines_frozenlake.md
 if [ -d $D/FrozenLake-v1__none__3/rounds ]; then  # the round files of the --save-rounds runs (not committed)
   python analysis.py bottom-records --run $D/FrozenLake-v1__none__1 --rounds 2 5 10 --out $F/bottom_records_frozenlake.png > $F/bottom_records_frozenlake.txt
@@ -27,11 +27,11 @@ if [ -d $D/FrozenLake-v1__none__3/rounds ]; then  # the round files of the --sav
 fi
 python analysis.py curves --runs results/runs --env FrozenLake-v1 --labels none p1 influence p0.25 p0.125 p0.0625 --out $F/curves_p_frozenlake.png > $F/curves_p_frozenlake.txt
 for label in p1 influence p0.25 p0.125 p0.0625; do
-  python analysis_variants.py efficiency --runs results/runs --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
+  python research/analysis_variants.py efficiency --runs results/runs --env FrozenLake-v1 --label $label --at 0.5 0.9 0.99
 done > $F/efficiency_p_frozenlake.md
 if complete Acrobot-v1 50; then
   python analysis.py curves --runs results/runs --env Acrobot-v1 --labels influence none random --out $F/curves_acrobot.png > $F/curves_acrobot.txt
-  python analysis_variants.py efficiency --runs results/runs --env Acrobot-v1 --at -400 -200 -150 -100 > $F/efficiency_acrobot.md
+  python research/analysis_variants.py efficiency --runs results/runs --env Acrobot-v1 --at -400 -200 -150 -100 > $F/efficiency_acrobot.md
   if [ -d results/runs/Acrobot-v1__none__3/rounds ]; then
     python analysis.py behavior-formation --run results/runs/Acrobot-v1__none__1 --out $F/behavior_formation_acrobot.png > $F/behavior_formation_acrobot.txt
     python analysis.py intervention --run results/runs/Acrobot-v1__none__{1,2,3} --every 5 --episodes 100 --out $F/intervention_acrobot.png > $F/intervention_acrobot.txt
@@ -39,74 +39,74 @@ if complete Acrobot-v1 50; then
 fi
 if complete MiniGrid-Empty-8x8-v0 40; then
   python analysis.py curves --runs results/runs --env MiniGrid-Empty-8x8-v0 --labels influence none random --out $F/curves_minigrid.png > $F/curves_minigrid.txt
-  python analysis_variants.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --at 0.5 0.9 > $F/efficiency_minigrid.md
+  python research/analysis_variants.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --at 0.5 0.9 > $F/efficiency_minigrid.md
   if [ -d results/runs/MiniGrid-Empty-8x8-v0__none__1/rounds ]; then
     python analysis.py bottom-records --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 2 5 --n 8 --out $F/bottom_records_minigrid.png > $F/bottom_records_minigrid.txt
   fi
   python analysis.py curves --runs results/runs --env MiniGrid-Empty-8x8-v0 --labels influence none adv-error adv-product --out $F/curves_baselines_minigrid.png > $F/curves_baselines_minigrid.txt
   for label in adv-error adv-product; do
-    python analysis_variants.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --label $label --at 0.5
+    python research/analysis_variants.py efficiency --runs results/runs --env MiniGrid-Empty-8x8-v0 --label $label --at 0.5
   done > $F/efficiency_baselines_minigrid.md
 fi
 if complete highway-v0 100; then  # on envpool
   python analysis.py curves --runs results/runs --env highway-v0 --labels influence none random --out $F/curves_highway.png > $F/curves_highway.txt
-  python analysis_variants.py efficiency --runs results/runs --env highway-v0 --at 20 25 28 > $F/efficiency_highway.md
+  python research/analysis_variants.py efficiency --runs results/runs --env highway-v0 --at 20 25 28 > $F/efficiency_highway.md
 fi
 if complete highway-v0 100; then  # what testing every 2nd, 5th, 10th round would have given
   for n in 1 2 5 10; do
-    echo "tested every $n round(s):"; python analysis_variants.py efficiency --runs results/runs --env highway-v0 --tested-every $n | sed -n '5p;/record levels,/p'
+    echo "tested every $n round(s):"; python research/analysis_variants.py efficiency --runs results/runs --env highway-v0 --tested-every $n | sed -n '5p;/record levels,/p'
   done > $F/efficiency_highway_tested_every.md
 fi
 if S="1 2 3 4 5" complete LunarLander-v3 150; then  # bash results/fig6b.sh: tested every round
   python analysis.py curves --runs results/runs --env LunarLander-v3 --labels influence none random --out $F/curves_lunarlander.png > $F/curves_lunarlander.txt
-  python analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander.md
+  python research/analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander.md
   python analysis.py efficiency --runs results/runs --env LunarLander-v3 --label random > $F/efficiency_random_lunarlander.md
-  python analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --rounds 100 > $F/efficiency_lunarlander_100.md
+  python research/analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --rounds 100 > $F/efficiency_lunarlander_100.md
   for n in 1 2 5; do
-    echo "tested every $n round(s):"; python analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --tested-every $n | sed -n '5p;/record levels,/p'
+    echo "tested every $n round(s):"; python research/analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --tested-every $n | sed -n '5p;/record levels,/p'
   done > $F/efficiency_lunarlander_tested_every.md
 fi
 for v in preset reseed adam adam-reseed; do  # bash results/lunarlander_release.sh; finished seeds only
   if [ -f results/lunarlander-release/$v/LunarLander-v3__influence__1/metrics.csv ]; then
-    echo "## $v"; python analysis_variants.py efficiency --runs results/lunarlander-release/$v --env LunarLander-v3 --at 0 100 200
+    echo "## $v"; python research/analysis_variants.py efficiency --runs results/lunarlander-release/$v --env LunarLander-v3 --at 0 100 200
     python analysis.py curves --runs results/lunarlander-release/$v --env LunarLander-v3 --labels influence none \
       --out $F/curves_lunarlander_release_$v.png | sed '$d'  # the final returns; drop "wrote ..."
     echo "first 100 rounds (the release's window):"
-    python analysis_variants.py efficiency --runs results/lunarlander-release/$v --env LunarLander-v3 --rounds 100 | sed -n 5p
+    python research/analysis_variants.py efficiency --runs results/lunarlander-release/$v --env LunarLander-v3 --rounds 100 | sed -n 5p
   fi
 done > $F/efficiency_lunarlander_release.md
 if [ -f results/highway-noclip/highway-v0__random__5/metrics.csv ]; then  # highway-v0 without gradient clipping
   python analysis.py curves --runs results/highway-noclip --env highway-v0 --labels influence none random --out $F/curves_highway_noclip.png > $F/curves_highway_noclip.txt
-  python analysis_variants.py efficiency --runs results/highway-noclip --env highway-v0 --at 20 25 28 > $F/efficiency_highway_noclip.md
+  python research/analysis_variants.py efficiency --runs results/highway-noclip --env highway-v0 --at 20 25 28 > $F/efficiency_highway_noclip.md
 fi
 if [ -d $D/highway-v0__none__1/rounds ]; then  # Fig. 4: "slower" (action 4), on envpool
   python analysis.py behavior-formation --run $D/highway-v0__none__1 --action 4 --phases 2.5 7.5 --out $F/behavior_formation_highway.png > $F/behavior_formation_highway.txt
 fi
 if R=results/coarse complete LunarLander-v3 150; then  # 3 seeds tested every 5th round, on envpool
   python analysis.py curves --runs results/coarse --env LunarLander-v3 --labels influence none random td-weight --out $F/curves_lunarlander_coarse.png > $F/curves_lunarlander_coarse.txt
-  python analysis_variants.py efficiency --runs results/coarse --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander_coarse.md
-  python analysis_variants.py efficiency --runs results/coarse --env LunarLander-v3 --rounds 100 --at 0 100 200 > $F/efficiency_lunarlander_coarse_100.md
+  python research/analysis_variants.py efficiency --runs results/coarse --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander_coarse.md
+  python research/analysis_variants.py efficiency --runs results/coarse --env LunarLander-v3 --rounds 100 --at 0 100 200 > $F/efficiency_lunarlander_coarse_100.md
   if R=results/coarse complete LunarLander-v3 150 td-weight; then
-    python analysis_variants.py efficiency --runs results/coarse --env LunarLander-v3 --label td-weight --at 0 100 200 > $F/efficiency_td_lunarlander.md
+    python research/analysis_variants.py efficiency --runs results/coarse --env LunarLander-v3 --label td-weight --at 0 100 200 > $F/efficiency_td_lunarlander.md
   fi
 fi
 if R=results/coarse complete BipedalWalker-v3 500; then  # 3 seeds tested every 10th round, on envpool
   python analysis.py curves --runs results/coarse --env BipedalWalker-v3 --labels influence none random --out $F/curves_bipedalwalker_coarse.png > $F/curves_bipedalwalker_coarse.txt
-  python analysis_variants.py efficiency --runs results/coarse --env BipedalWalker-v3 --at 0 100 200 > $F/efficiency_bipedalwalker_coarse.md
+  python research/analysis_variants.py efficiency --runs results/coarse --env BipedalWalker-v3 --at 0 100 200 > $F/efficiency_bipedalwalker_coarse.md
   python analysis.py efficiency --runs results/coarse --env BipedalWalker-v3 --label random > $F/efficiency_random_bipedalwalker_coarse.md
   R=results/coarse bash results/null_efficiency.sh BipedalWalker-v3=3 > $F/efficiency_null_bipedalwalker_coarse.md
 fi
 if S="1 2 3 4 5" complete BipedalWalker-v3 500 influence none; then  # bash results/fig6b.sh: tested every 2nd round
   # (random filtering: its finished seeds; analysis.py names those left out)
   python analysis.py curves --runs results/runs --env BipedalWalker-v3 --labels influence none random --out $F/curves_bipedalwalker.png > $F/curves_bipedalwalker.txt
-  python analysis_variants.py efficiency --runs results/runs --env BipedalWalker-v3 --at -50 0 50 100 150 200 250 > $F/efficiency_bipedalwalker.md
-  python analysis_variants.py efficiency --runs results/runs --env BipedalWalker-v3 --label random --at -50 0 50 100 150 200 250 > $F/efficiency_random_bipedalwalker.md
-  python analysis_variants.py efficiency --runs results/runs --env BipedalWalker-v3 --rounds 250 > $F/efficiency_bipedalwalker_250.md  # the climb
+  python research/analysis_variants.py efficiency --runs results/runs --env BipedalWalker-v3 --at -50 0 50 100 150 200 250 > $F/efficiency_bipedalwalker.md
+  python research/analysis_variants.py efficiency --runs results/runs --env BipedalWalker-v3 --label random --at -50 0 50 100 150 200 250 > $F/efficiency_random_bipedalwalker.md
+  python research/analysis_variants.py efficiency --runs results/runs --env BipedalWalker-v3 --rounds 250 > $F/efficiency_bipedalwalker_250.md  # the climb
   # how far a round moves the policy, IIF against standard PPO, on the Fig. 6(b) runs that log it
-  python analysis_variants.py ablation --runs results --variants runs --env highway-v0 LunarLander-v3 BipedalWalker-v3 \
+  python research/analysis_variants.py ablation --runs results --variants runs --env highway-v0 LunarLander-v3 BipedalWalker-v3 \
     --complete highway-v0=100 LunarLander-v3=150 BipedalWalker-v3=500 > $F/kl_fig6b.md
   for n in 2 10; do  # read every 10th round, as the results/coarse runs were tested
-    echo "tested every $n round(s):"; python analysis_variants.py efficiency --runs results/runs --env BipedalWalker-v3 --tested-every $n | sed -n '5p;/record levels,/p'
+    echo "tested every $n round(s):"; python research/analysis_variants.py efficiency --runs results/runs --env BipedalWalker-v3 --tested-every $n | sed -n '5p;/record levels,/p'
   done > $F/efficiency_bipedalwalker_tested_every.md
 fi
 if S="6 7 8 9 10" R=results/bipedalwalker-climb complete BipedalWalker-v3 250 influence none; then
@@ -114,9 +114,9 @@ if S="6 7 8 9 10" R=results/bipedalwalker-climb complete BipedalWalker-v3 250 in
   tmp=$(mktemp -d)
   ln -s "$PWD"/results/runs/BipedalWalker-v3__{none,influence}__[1-5] "$PWD"/results/bipedalwalker-climb/BipedalWalker-v3__* "$tmp"
   { echo "## seeds 1-10, first 250 rounds"
-    python analysis_variants.py efficiency --runs "$tmp" --env BipedalWalker-v3 --rounds 250 --at -50 0 50 100 150 200
+    python research/analysis_variants.py efficiency --runs "$tmp" --env BipedalWalker-v3 --rounds 250 --at -50 0 50 100 150 200
     echo; echo "## seeds 6-10 (results/bipedalwalker-climb)"
-    python analysis_variants.py efficiency --runs results/bipedalwalker-climb --env BipedalWalker-v3 --at -50 0 50 100 150 200
+    python research/analysis_variants.py efficiency --runs results/bipedalwalker-climb --env BipedalWalker-v3 --at -50 0 50 100 150 200
   } > $F/efficiency_bipedalwalker_climb.md
   rm -r "$tmp"
   python analysis.py curves --runs results/bipedalwalker-climb --env BipedalWalker-v3 --labels influence none \
@@ -147,45 +147,45 @@ for g in grpo-toy-mu4 grpo-toy-mu4-clock; do  # ITERS=4 bash results/grpo_toy.sh
 done
 # the counterfactual check (docs/counterfactual.md): needs the round files of these --save-rounds runs
 if [ -d $D/FrozenLake-v1__tracin__1/rounds ]; then
-  python analysis_variants.py counterfactual --run $D/FrozenLake-v1__tracin__1 --rounds 0 4 8 12 16 --subsets 50 --episodes 1000 --out $F/counterfactual_frozenlake.png > $F/counterfactual_frozenlake.md
+  python research/analysis_variants.py counterfactual --run $D/FrozenLake-v1__tracin__1 --rounds 0 4 8 12 16 --subsets 50 --episodes 1000 --out $F/counterfactual_frozenlake.png > $F/counterfactual_frozenlake.md
 fi
 if [ -d results/runs/Acrobot-v1__none__1/rounds ]; then
-  python analysis_variants.py counterfactual --run results/runs/Acrobot-v1__none__1 --rounds 0 5 10 20 40 --subsets 50 --episodes 100 --out $F/counterfactual_acrobot.png > $F/counterfactual_acrobot.md
+  python research/analysis_variants.py counterfactual --run results/runs/Acrobot-v1__none__1 --rounds 0 5 10 20 40 --subsets 50 --episodes 100 --out $F/counterfactual_acrobot.png > $F/counterfactual_acrobot.md
 fi
 if [ -d results/runs/MiniGrid-Empty-8x8-v0__none__1/rounds ]; then
-  python analysis_variants.py counterfactual --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 0 10 20 25 35 --subsets 50 --out $F/counterfactual_minigrid.png > $F/counterfactual_minigrid.md
+  python research/analysis_variants.py counterfactual --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 0 10 20 25 35 --subsets 50 --out $F/counterfactual_minigrid.png > $F/counterfactual_minigrid.md
 fi
 # environments outside the paper (docs/results.md): the runs of results/generic.sh
 GE="CartPole-v1 Pendulum-v1 MiniGrid-DoorKey-5x5-v0 LunarLanderContinuous-v3"
 GC="CartPole-v1=30 Pendulum-v1=50 MiniGrid-DoorKey-5x5-v0=30 LunarLanderContinuous-v3=50"
 if [ -d results/generic/base ]; then
-  python analysis_variants.py ablation --runs results/generic --variants base guard guard0.2 adam-precond target-normalized clip target-kl p0.125 no-log-std \
+  python research/analysis_variants.py ablation --runs results/generic --variants base guard guard0.2 adam-precond target-normalized clip target-kl p0.125 no-log-std \
     --env $GE --complete $GC > $F/generic_ablation.md
   for r in base guard; do
     python analysis.py curves --runs results/generic/$r --env $GE --labels influence none random --out $F/generic_$r.png > $F/generic_$r.txt
   done
 fi
 if [ -f results/generic/paper-guard/Acrobot-v1__influence__3/metrics.csv ]; then
-  python analysis_variants.py ablation --runs results --variants runs generic/paper-guard --env Acrobot-v1 --complete Acrobot-v1=50 > $F/paper_guard.md
+  python research/analysis_variants.py ablation --runs results --variants runs generic/paper-guard --env Acrobot-v1 --complete Acrobot-v1=50 > $F/paper_guard.md
 fi
 if [ -d $D/BipedalWalker-v3__influence__1/rounds ]; then  # the log-std in and out of the score
-  python analysis_variants.py rescore --run $D/BipedalWalker-v3__influence__1 --change no-score-log-std --every 5 > $F/rescore_bipedalwalker.md
+  python research/analysis_variants.py rescore --run $D/BipedalWalker-v3__influence__1 --change no-score-log-std --every 5 > $F/rescore_bipedalwalker.md
 fi
 if [ -d $D/MiniGrid-DoorKey-5x5-v0__influence__1/rounds ]; then
-  python analysis_variants.py dropped --run $D/MiniGrid-DoorKey-5x5-v0__influence__1 > $F/dropped_doorkey.md
+  python research/analysis_variants.py dropped --run $D/MiniGrid-DoorKey-5x5-v0__influence__1 > $F/dropped_doorkey.md
 fi
 # how far an IIF round moves the records it trains on and those it drops; the runs:
 #   python iif.py --env-id ENV --save-rounds --total-timesteps 40960 --runs-dir results/diagnostics --run-name ENV__influence__1
 for env in FrozenLake-v1 Acrobot-v1; do
   if [ -d $D/${env}__influence__1/rounds ]; then
-    python analysis_variants.py dropped --run $D/${env}__influence__1 > $F/dropped_$(echo ${env%%-*} | tr A-Z a-z).md
+    python research/analysis_variants.py dropped --run $D/${env}__influence__1 > $F/dropped_$(echo ${env%%-*} | tr A-Z a-z).md
   fi
 done
 V="first-release released-code no-clip keep-ties raw-target minibatch-norm policy-loss"  # bash results/ablation.sh
-python analysis_variants.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 \
+python research/analysis_variants.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 \
   --complete FrozenLake-v1=50 Acrobot-v1=50 MiniGrid-Empty-8x8-v0=40 > $F/ablation.md
 # FrozenLake's recipes on the seeds 1-3 that every recipe has (first-release and released-code also have 4-6)
-python analysis_variants.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 --seeds 1 2 3 \
+python research/analysis_variants.py ablation --runs results/ablation --variants $V --env FrozenLake-v1 --seeds 1 2 3 \
   --complete FrozenLake-v1=50 > $F/ablation_frozenlake_seeds123.md
 # the two controls: standard PPO at IIF's step size (python results/step_control.py kl|pilot|control)
 # and the authors' released code (results/release/run_release.sh, then convert.py)

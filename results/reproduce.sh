@@ -13,6 +13,6 @@ for env in $envs; do for seed in $seeds; do for method in $methods; do
   if [ -f "$dir/metrics.csv" ] && [ "$(($(wc -l < "$dir/metrics.csv") - 1))" -ge "$rounds" ]; then
     echo "skipped $name: finished in $dir (remove it, or set RUNS, to run it again)"; continue
   fi
-  python iif_variants.py --env-id "$env" --filter-method "$method" --seed "$seed" --runs-dir "$runs" --run-name "$name" \
+  python research/iif_variants.py --env-id "$env" --filter-method "$method" --seed "$seed" --runs-dir "$runs" --run-name "$name" \
     --resume "$@"
 done; done; done

@@ -12,6 +12,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(sys.path[0], "research"))  # the files beyond the paper
 import torch  # noqa: E402
 
 import analysis_variants  # noqa: E402

@@ -92,7 +92,10 @@ def main():
     src = os.path.join(tmp, "src")  # the commit's scripts side by side: its rlhf_variants.py imports its rlhf_iif.py
     os.makedirs(src)
     for f in ("rlhf_iif.py", "rlhf_variants.py", "rlhf_compile.py") if a.commit else ():
-        show = subprocess.run(["git", "show", f"{a.commit}:{f}"], cwd=ROOT, capture_output=True, text=True)
+        for where in (f, f"research/{f}"):  # the top level before the research folder
+            show = subprocess.run(["git", "show", f"{a.commit}:{where}"], cwd=ROOT, capture_output=True, text=True)
+            if show.returncode == 0:
+                break
         if show.returncode == 0:
             with open(os.path.join(src, f), "w") as out:
                 out.write(show.stdout)
@@ -100,7 +103,8 @@ def main():
     for path in a.runs:
         name = os.path.basename(path.rstrip("/"))
         config = json.load(open(os.path.join(path, "config.json")))
-        jobs.append((name, "today", os.path.join(ROOT, a.script), config, set(a.today)))
+        jobs.append((name, "today", os.path.join(ROOT, "" if a.script == "rlhf_iif.py" else "research", a.script), config,
+                     set(a.today)))
         if a.commit:
             jobs.append((name, "old", os.path.join(src, a.script), config, set()))
     with ThreadPoolExecutor(a.jobs) as pool:

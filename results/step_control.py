@@ -52,7 +52,7 @@ def run(runs, env_id, label, seed, flags):
     name, rounds = f"{env_id}__{label}__{seed}", None
     path = os.path.join(runs, name, "metrics.csv")
     os.makedirs(runs, exist_ok=True)
-    cmd = [sys.executable, "iif_variants.py", "--env-id", env_id, "--seed", str(seed), "--runs-dir",
+    cmd = [sys.executable, "research/iif_variants.py", "--env-id", env_id, "--seed", str(seed), "--runs-dir",
            os.path.relpath(runs, ROOT),
            "--run-name", name, "--resume", *flags]
     if os.path.exists(path):

@@ -7,7 +7,7 @@ next rate of LADDER beyond it.
 
     python results/tuned.py run      # every run of the grid, then the edge rates; resumable
     python results/tuned.py status   # what is finished, under way, diverged or to do
-    python analysis_variants.py sensitivity --runs results/tuned/runs   # the table and the figure
+    python research/analysis_variants.py sensitivity --runs results/tuned/runs   # the table and the figure
 
 The Fig. 6(b) protocol of results/step_control.py (its ENVS flags, BipedalWalker 250 rounds tested
 every 2nd). Runs already committed with exactly these settings are linked, not rerun: both methods

@@ -11,6 +11,7 @@ import torch
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(sys.path[0], "research"))  # the files beyond the paper
 
 from benchmarks.rlhf_toy_task import byte_tokenizer, tiny_classifier, tiny_lm, write_data  # noqa: E402
 

@@ -12,6 +12,7 @@ from transformers import Trainer
 from trl import GRPOTrainer
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(sys.path[0], "research"))  # the files beyond the paper
 import grpo_iif  # noqa: E402
 import grpo_variants  # noqa: E402
 

@@ -128,7 +128,7 @@ def test_spearman_with_ties():
 
 
 def sh(script, *argv):
-    """What `python analysis.py ...`, `python analysis_variants.py ...` or `python iif.py ...` prints, run in this
+    """What `python analysis.py ...`, `python research/analysis_variants.py ...` or `python iif.py ...` prints, run in this
     process (it imports torch once)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out), mock.patch.object(sys, "argv", [script, *argv]):

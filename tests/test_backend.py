@@ -145,8 +145,8 @@ def test_envpool_rollout_has_no_reset_records_and_bootstraps_truncations(tmp_pat
 @pytest.mark.parametrize("script, flags, message", [
     ("iif.py", ["--env-id", "FrozenLake-v1", "--env-backend", "envpool"], "--env-backend"),
     ("iif.py", ["--env-id", "highway-fast-v0", "--env-backend", "envpool"], "--env-backend"),
-    ("iif_variants.py", ["--eval-every", "0"], "--eval-every"),
-    ("iif_variants.py", ["--resume"], "--run-name"),
+    ("research/iif_variants.py", ["--eval-every", "0"], "--eval-every"),
+    ("research/iif_variants.py", ["--resume"], "--run-name"),
 ])
 def test_bad_backend_and_resume_flags_fail_early(tmp_path, script, flags, message):
     cmd = [sys.executable, os.path.join(ROOT, script), "--runs-dir", str(tmp_path), *flags]

@@ -250,7 +250,7 @@ def test_unloadable_name_stops_cleanly(tmp_path, toy, flag, name):
 def test_unloadable_model_exits_without_a_traceback(tmp_path, toy):
     args = flags(toy, "--runs-dir", str(tmp_path), "--run-name", "r")
     args[args.index("--model-name") + 1] = "no-such-org/no-such-model"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "grpo_iif.py"), *args], capture_output=True,
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "research", "grpo_iif.py"), *args], capture_output=True,
                           text=True, timeout=300,
                           env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
@@ -262,8 +262,8 @@ def test_docs_links_point_at_what_they_name():
     import re
     text = open(os.path.join(ROOT, "docs", "grpo.md")).read()
     for script, at_least in (("grpo_iif", 10), ("grpo_variants", 4)):
-        lines = open(os.path.join(ROOT, f"{script}.py")).read().splitlines()
-        links = re.findall(rf"\[`([^`]+)`\]\((?:\.\./)?{script}\.py#L(\d+)\)", text)
+        lines = open(os.path.join(ROOT, "research", f"{script}.py")).read().splitlines()
+        links = re.findall(rf"\[`([^`]+)`\]\((?:\.\./research/)?{script}\.py#L(\d+)\)", text)
         assert len(links) >= at_least, script
         for name, line in links:  # the line that defines it: its def or class, or a "# Stage I (" comment
             defines = re.compile(rf"^\s*((def|class) {re.escape(name.split('.')[-1])}\(|# {re.escape(name)} \()")

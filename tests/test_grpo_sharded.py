@@ -1,4 +1,4 @@
-"""grpo_iif.py (through grpo_variants.py, for TRL's checkpoints) on 2 CPU processes (gloo): FSDP2 through accelerate launch and configs/fsdp2.yaml, DDP through
+"""grpo_iif.py (through grpo_variants.py, for TRL's checkpoints) on 2 CPU processes (gloo): FSDP2 through accelerate launch and research/configs/fsdp2.yaml, DDP through
 torch.distributed.run. Its influence scores, kept set and first gradient step equal one process's (float64)."""
 import os
 import socket
@@ -20,7 +20,7 @@ def free_port():
         return str(s.getsockname()[1])
 
 
-LAUNCH = {"fsdp2": ["-m", "accelerate.commands.launch", "--config_file", "configs/fsdp2.yaml",
+LAUNCH = {"fsdp2": ["-m", "accelerate.commands.launch", "--config_file", "research/configs/fsdp2.yaml",
                     "--num_processes", "2", "--main_process_port"],
           "ddp": ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"]}
 

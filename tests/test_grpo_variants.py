@@ -67,7 +67,7 @@ def test_killed_run_resumes_from_its_last_checkpoint(toy, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
 
     def cmd(name, steps, *extra):  # random filtering: its generator's state must come back too
-        return [sys.executable, os.path.join(ROOT, "grpo_variants.py"), *flags(toy, "--runs-dir", str(tmp_path), test=True),
+        return [sys.executable, os.path.join(ROOT, "research", "grpo_variants.py"), *flags(toy, "--runs-dir", str(tmp_path), test=True),
                 "--run-name", name, "--max-steps", str(steps), "--filter-method", "random", "--eval-every", "0",
                 "--save-steps", "4", *extra]
     subprocess.run(cmd("whole", 6), env=env, check=True, capture_output=True, timeout=300)

@@ -31,7 +31,7 @@ def names_on(line, name):
 
 
 def test_every_line_link_points_at_what_it_names():
-    for script in ("iif.py", "rlhf_iif.py", "grpo_iif.py", "grpo_variants.py", "rlhf_variants.py"):
+    for script in ("iif.py", "rlhf_iif.py", "research/grpo_iif.py", "research/grpo_variants.py", "research/rlhf_variants.py"):
         lines = read(script).splitlines()
         links = []
         for page in PAGES:  # README.md links `script#LN`, docs/*.md link `../script#LN`
@@ -127,7 +127,7 @@ def test_every_command_runs_as_written(page, command, tmp_path):
     flags): it starts and prints its --help."""
     argv = shlex.split(command)[1:]
     script, flags = argv[0], argv[1:]
-    if script in ("iif.py", "iif_variants.py"):
+    if script in ("iif.py", "research/iif_variants.py"):
         module = iif if script == "iif.py" else iif_variants
         if flags == ["--help"]:  # the help names the flags of Alg. 1
             text = io.StringIO()

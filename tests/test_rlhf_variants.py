@@ -157,7 +157,7 @@ def test_killed_run_resumes_as_if_never_killed(toy, tmp_path):
     """A run killed (SIGKILL) during its 4th round continues with --resume from the checkpoint after its 3rd:
     metrics.csv (all but the timings) and episodes.jsonl are those of a run never killed"""
     def cmd(name, *extra):  # random filtering: its generator's state must come back too
-        return [sys.executable, os.path.join(ROOT, "rlhf_variants.py"), *flags(toy, "--runs-dir", str(tmp_path)),
+        return [sys.executable, os.path.join(ROOT, "research", "rlhf_variants.py"), *flags(toy, "--runs-dir", str(tmp_path)),
                 "--run-name", name, "--rounds", "5", "--filter-method", "random", "--eval-every", "2", *extra]
     run_variants(tmp_path / "whole", flags(toy, "--rounds", "5", "--filter-method", "random", "--eval-every", "2"))
     run = tmp_path / "killed"
@@ -208,7 +208,7 @@ def test_analysis_ippo_draws_and_tabulates(tmp_path, cot_toy):
                          ("i-ppo", ["--filter-method", "i-ppo"])]:
         run_variants(tmp_path, cot_flags(cot_toy, *extra, "--rounds", "3"), f"t-cot__{label}__1")
     out = tmp_path / "ippo.png"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "analysis_variants.py"), "ippo", "--runs", str(tmp_path),
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "research", "analysis_variants.py"), "ippo", "--runs", str(tmp_path),
                            "--env", "t-cot", "--last", "2", "--out", str(out)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

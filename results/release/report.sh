@@ -19,7 +19,7 @@ for pair in MiniGrid-Empty-8x8-v0:MiniGrid-Empty-8x8-v0 LunarLander-v2:LunarLand
   rounds=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['num_rounds'])" $first)
   echo "## $env: the released code, seeds $(echo $seeds), $rounds IIF rounds"
   echo
-  python analysis_variants.py efficiency --runs results/release --env $env --rounds $rounds
+  python research/analysis_variants.py efficiency --runs results/release --env $env --rounds $rounds
   echo
   ours=""
   for s in $seeds; do
@@ -30,7 +30,7 @@ for pair in MiniGrid-Empty-8x8-v0:MiniGrid-Empty-8x8-v0 LunarLander-v2:LunarLand
   done
   echo "## $our: ours (results/runs), seeds$ours, the first $rounds rounds"
   echo
-  python analysis_variants.py efficiency --runs "$tmp" --env $our --rounds $rounds
+  python research/analysis_variants.py efficiency --runs "$tmp" --env $our --rounds $rounds
   echo
   echo "## $our: the release's$([ $env = $our ] || echo " ($env)") standard PPO and IIF against ours"
   echo

@@ -9,10 +9,10 @@ completion by its influence on a target f and drops the harmful ones, Stage III 
 update on the rest. grpo_variants.py adds the test metric, the comparison's filters, I-PPO's
 target and checkpoints; several processes stay here, as the paper's 2.7B policy needs them.
 
-    python grpo_iif.py --filter-method influence              # the paper's models, from the hub
-    accelerate launch grpo_iif.py --filter-method influence   # several GPUs or nodes (DDP, FSDP2)
+    python research/grpo_iif.py --filter-method influence              # the paper's models, from the hub
+    accelerate launch research/grpo_iif.py --filter-method influence   # several GPUs or nodes (DDP, FSDP2)
     T=results/rlhf_toy_task; python benchmarks/rlhf_toy_task.py --out $T   # offline, on a CPU:
-    python grpo_iif.py --model-name $T/policy --reward-model $T/reward --dataset $T/prompts.jsonl \
+    python research/grpo_iif.py --model-name $T/policy --reward-model $T/reward --dataset $T/prompts.jsonl \
         --batch-size 64 --learning-rate 3e-4 --beta 0.2 --max-steps 240 --use-cpu --threads 1
 """
 import csv

@@ -17,7 +17,7 @@ imports its pieces and adds:
 The other flags are rlhf_iif.py's; with none of the above it writes what rlhf_iif.py writes,
 plus the columns and episode fields below.
 
-    python rlhf_variants.py --filter-method i-ppo --validation-size 128 ...   # detox's flags
+    python research/rlhf_variants.py --filter-method i-ppo --validation-size 128 ...   # detox's flags
     bash results/ippo.sh                                      # the comparison of docs/ippo.md
 """
 import csv
@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import tyro
 
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlhf_iif.py, one folder up
 import rlhf_compile
 import rlhf_iif
 from rlhf_iif import fail, timer

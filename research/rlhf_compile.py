@@ -2,19 +2,22 @@
 one CUDA graph a step, and generation with a static KV cache: the same algorithm, kept apart from
 rlhf_iif.py, which reads as Alg. 1 (as LeanRL keeps its compile code apart from the algorithm).
 
-    python rlhf_compile.py --filter-method influence    # rlhf_iif.py's flags; on a GPU (untried)
+    python research/rlhf_compile.py --filter-method influence    # rlhf_iif.py's flags; on a GPU (untried)
 
 Why it pays on a GPU: an optimizer step trains on one 45-token episode; eagerly, PyTorch launches
 some 4,000 small kernels for it from Python, so the step is launch-bound. Captured as one CUDA
 graph (PyTorch's whole-network capture), a step is an index copy and a replay.
 """
 import functools
+import os
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import tyro
 
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # rlhf_iif.py, one folder up
 import rlhf_iif
 from rlhf_iif import DIAGNOSTICS, generate, ppo_losses, resolve_args
 

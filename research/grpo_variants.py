@@ -15,10 +15,10 @@ grpo_iif.py is Alg. 1 with GRPO as the learner. This file imports its pieces and
 With --eval-every 0 and none of the others it writes what grpo_iif.py writes (results/
 grpo_rerun_check.py checks both files against the single file they were split from).
 
-    python grpo_variants.py --filter-method max-variance --keep-fraction 0.5 ...
-    python grpo_variants.py --filter-method i-ppo --reward-fn exact-answer ...   # I-PPO
-    python grpo_variants.py --filter-method influence --target-data validation ...   # f on fresh
-    python grpo_variants.py --reward-fn exact-answer --dataset openai/gsm8k --dataset-config main
+    python research/grpo_variants.py --filter-method max-variance --keep-fraction 0.5 ...
+    python research/grpo_variants.py --filter-method i-ppo --reward-fn exact-answer ...   # I-PPO
+    python research/grpo_variants.py --filter-method influence --target-data validation ...   # f on fresh
+    python research/grpo_variants.py --reward-fn exact-answer --dataset openai/gsm8k --dataset-config main
 """
 import copy
 import dataclasses

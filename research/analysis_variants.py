@@ -2,8 +2,8 @@ r"""Analyses beyond the paper's figures, of the runs iif_variants.py and rlhf_va
 
 analysis.py reproduces the paper's diagnostics; this file imports it, as iif_variants.py imports iif.py, and adds:
 
-    python analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --rounds 100 --at 0 100 200
-    python analysis_variants.py frontier --runs results/frontier/runs --env ippo-detox ippo-cot
+    python research/analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --rounds 100 --at 0 100 200
+    python research/analysis_variants.py frontier --runs results/frontier/runs --env ippo-detox ippo-cot
 
 Each subcommand prints its table and draws its figure in a PNG.
 """
@@ -14,6 +14,7 @@ import json
 import math
 import os
 import re
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -24,6 +25,7 @@ import scipy.stats
 import torch
 import tyro
 
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # analysis.py and iif.py, one folder up
 import analysis
 import iif
 import iif_variants as variants

@@ -11,8 +11,8 @@ same loop with, in addition:
 - long runs: --resume, --eval-every, --eval-envs, --async-envs, --threads.
 With none of these set it writes what iif.py writes (tests/test_variants.py checks it).
 
-    python iif_variants.py --env-id LunarLander-v3 --eval-episodes 200 --run-name ll --resume
-    python iif_variants.py --env-id BipedalWalker-v3 --eval-every 2 --run-name bw --resume
+    python research/iif_variants.py --env-id LunarLander-v3 --eval-episodes 200 --run-name ll --resume
+    python research/iif_variants.py --env-id BipedalWalker-v3 --eval-every 2 --run-name bw --resume
 """
 import collections
 import contextlib
@@ -33,6 +33,7 @@ import torch.nn as nn
 import tyro
 from torch.func import jvp
 
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # iif.py and analysis.py, one folder up
 import iif
 from analysis import mc_advantage  # Sec. 4.1's Monte-Carlo advantage, App. C.4's too
 from iif import (DIAGNOSTICS, PRESETS, Agent, approx_kl, collect_rollout, evaluate,
