@@ -2,15 +2,13 @@
 
 A companion to "A Snapshot of Influence: A Local Data Attribution Framework for Online Reinforcement
 Learning" (Hu, Wu et al., NeurIPS 2025). Alg. 1, in rounds k = 0, 1, ...: (I) collect a rollout
-buffer B(k) of records with the policy at theta(k); (II) score every record by its influence on the
-target f_return at theta(k) and drop the bottom p of the negatively scored ones; (III) run the
-ordinary PPO update on the rest. Read top to bottom: presets and flags, environment and agent,
-Stages I-III, the test, and main, the loop.
+buffer B(k) with the policy at theta(k); (II) score every record by its influence on the target f_return
+at theta(k) and drop the bottom p of the negatively scored ones; (III) run the ordinary PPO update on the
+rest. Read top to bottom: presets and flags, env and agent, Stages I-III, the test, and main, the loop.
 
     python iif.py --env-id Acrobot-v1                         # IIF with the paper's preset
     python iif.py --env-id Acrobot-v1 --filter-method none    # standard PPO
 
-Any other gymnasium env runs standard PPO with SB3's defaults (--filter-method influence filters).
 iif_variants.py adds the released code's switches, App. C's baselines, TracIn, f_action, --resume.
 """
 import csv
@@ -30,26 +28,20 @@ import numpy as np
 import torch
 import torch.nn as nn
 import tyro
-from torch.distributions import Categorical, Normal
+from torch.distributions import Categorical, Independent, Normal
 from torch.func import functional_call, jvp
 
-# App. B.1-B.2: the paper's budget, optimizer, filter p and test episodes for each environment.
-# envpool: the keyword arguments of its batched C++ port (without one: gymnasium only)
-PRESETS = {
-    "FrozenLake-v1": dict(total_timesteps=102_400, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
-                          eval_episodes=1000, env_kwargs=dict(map_name="4x4", is_slippery=False)),
-    "MiniGrid-Empty-8x8-v0": dict(total_timesteps=81_920, optimizer="sgd", learning_rate=5e-3,
-                                  filter_p=0.125, eval_episodes=1000, envpool={}),
-    "Acrobot-v1": dict(total_timesteps=102_400, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
-                       eval_episodes=1000, envpool={}),
+SGD = dict(optimizer="sgd", learning_rate=5e-3)  # TracIn's setting, on all but BipedalWalker
+PRESETS = {  # App. B.1-B.2: each env's budget, optimizer, filter p, test episodes; envpool: its C++ port's kwargs
+    "FrozenLake-v1": dict(**SGD, total_timesteps=102_400, filter_p=0.5, eval_episodes=1000,
+                          env_kwargs=dict(map_name="4x4", is_slippery=False)),
+    "MiniGrid-Empty-8x8-v0": dict(**SGD, total_timesteps=81_920, filter_p=0.125, eval_episodes=1000, envpool={}),
+    "Acrobot-v1": dict(**SGD, total_timesteps=102_400, filter_p=0.5, eval_episodes=1000, envpool={}),
     "highway-v0": dict(  # App. B.2's clip at 0.5 (the release, which has no highway, clips none)
-        total_timesteps=204_800, optimizer="sgd", learning_rate=5e-3, filter_p=0.5,
-        eval_episodes=100, max_grad_norm=0.5, envpool=dict(vehicles_count=10),
-        env_kwargs=dict(config=dict(  # a misspelt key is silently ignored
-            vehicles_count=10, observation=dict(type="Kinematics"),
-            action=dict(type="DiscreteMetaAction")))),
-    "LunarLander-v3": dict(total_timesteps=307_200, optimizer="sgd", learning_rate=5e-3,
-                           filter_p=0.125, eval_episodes=1000, envpool={}),
+        **SGD, total_timesteps=204_800, filter_p=0.5, eval_episodes=100, max_grad_norm=0.5,
+        envpool=dict(vehicles_count=10), env_kwargs=dict(config=dict(  # a misspelt key is silently ignored
+            vehicles_count=10, observation=dict(type="Kinematics"), action=dict(type="DiscreteMetaAction")))),
+    "LunarLander-v3": dict(**SGD, total_timesteps=307_200, filter_p=0.125, eval_episodes=1000, envpool={}),
     "BipedalWalker-v3": dict(total_timesteps=1_024_000, optimizer="adam", learning_rate=3e-4,
                              filter_p=0.0625, eval_episodes=100, envpool={}),
 }
@@ -57,6 +49,11 @@ PRESETS = {
 DEFAULTS = dict(total_timesteps=102_400, optimizer="adam", learning_rate=3e-4, filter_p=0.5,
                 eval_episodes=100, filter_method="none")
 MAX_EPISODE_STEPS = 1000  # the time limit of an env registered without one
+OUTSIDE = dict(  # the line an env without a preset prints (README: "Outside the paper's six environments")
+    none="not a paper env: standard PPO (--filter-method influence filters)",
+    influence="not a paper env: IIF filters every round, as Alg. 1; measured so over 5 seeds, its SE_ave was "
+              "-72.9 % on MiniGrid-DoorKey-5x5 (t-interval below 0), -13.8 % on CartPole-v1 (docs/usage.md)",
+    random="not a paper env: random filtering every round")
 
 
 def preset_of(env_id):
@@ -68,18 +65,10 @@ def by_preset(key):  # --help's default of a flag each env's preset sets
     return tyro.conf.arg(help_behavior_hint=f"(default: {values}; other envs {preset_of(None)[key]})")
 
 
-OUTSIDE = dict(  # the line an env without a preset prints (README: "Outside the paper's six environments")
-    none="not a paper env: standard PPO (--filter-method influence filters)",
-    influence="not a paper env: IIF filters every round, as Alg. 1; measured so over 5 seeds, its SE_ave was "
-              "-72.9 % on MiniGrid-DoorKey-5x5 (t-interval below 0), -13.8 % on CartPole-v1 (docs/usage.md)",
-    random="not a paper env: random filtering every round")
-
-
 @dataclasses.dataclass
 class Args:
     env_id: str = "Acrobot-v1"
-    """gymnasium id: a paper preset, or any env with Box/Discrete spaces (or module:id); one
-    registered without a time limit gets one of MAX_EPISODE_STEPS = 1000"""
+    """gymnasium id (or module:id): a paper preset or any Box/Discrete env; 1000 steps if it has no time limit"""
     total_timesteps: Annotated[Optional[int], by_preset("total_timesteps")] = None
     """environment steps of training, a multiple of num-steps x num-envs"""
     optimizer: Annotated[Optional[Literal["sgd", "adam"]], by_preset("optimizer")] = None
@@ -90,10 +79,8 @@ class Args:
     """fraction p in (0, 1] of the negative-influence records dropped each round"""
     eval_episodes: Annotated[Optional[int], by_preset("eval_episodes")] = None
     """test episodes after every round"""
-    filter_method: Annotated[Optional[Literal["influence", "random", "none"]],
-                             by_preset("filter_method")] = None
-    """influence: IIF; random: drop as many records at random; none: standard PPO, records scored
-    and none dropped"""
+    filter_method: Annotated[Optional[Literal["influence", "random", "none"]], by_preset("filter_method")] = None
+    """influence: IIF; random: drop as many records at random; none: standard PPO (scored, none dropped)"""
     max_grad_norm: Annotated[Optional[float], by_preset("max_grad_norm")] = None
     """gradient-norm clip; 0: none (the released code; App. B.2's 0.5 on highway)"""
     num_envs: int = 1
@@ -138,19 +125,15 @@ class Args:
     capture_video: bool = False
     """record a test episode to videos/<run-name>/ every tenth of the rounds (pip install moviepy)"""
     save_model: bool = False
-    """write the trained agent and its flags to <runs-dir>/<run-name>/iif.cleanrl_model (so does
-    --save-rounds)"""
+    """write the agent and its flags to <runs-dir>/<run-name>/iif.cleanrl_model (so does --save-rounds)"""
     eval_model: Annotated[Optional[str], tyro.conf.arg(help_behavior_hint="(default: train)")] = None
     """no training: test the agent of an iif.cleanrl_model on its env (--eval-episodes, --capture-video)"""
-    # filled in by resolve_args, not flags
-    batch_size: tyro.conf.Suppress[int] = 0
+    batch_size: tyro.conf.Suppress[int] = 0  # this and num_rounds: filled in by resolve_args, not flags
     num_rounds: tyro.conf.Suppress[int] = 0
 
 
 # ---- The environment and the agent (App. B.2) ----
-def make_env(env_id, render_mode=None):
-    """A thunk building one env whose observation is a flat float vector or an (H, W, C) image."""
-
+def make_env(env_id, render_mode=None):  # a thunk: an env observing a flat float vector or an (H, W, C) image
     def thunk():
         for module in ("minigrid", "highway_env"):  # they register their ids on import
             if env_id not in gym.registry and importlib.util.find_spec(module):
@@ -166,8 +149,7 @@ def make_env(env_id, render_mode=None):
         if isinstance(space, gym.spaces.Discrete):  # FrozenLake: state index -> one-hot vector
             n = int(space.n)
             one_hot = gym.spaces.Box(0.0, 1.0, (n,), np.float32)
-            env = gym.wrappers.TransformObservation(
-                env, lambda s: np.eye(n, dtype=np.float32)[s], one_hot)
+            env = gym.wrappers.TransformObservation(env, lambda s: np.eye(n, dtype=np.float32)[s], one_hot)
         elif isinstance(space, gym.spaces.Box) and len(space.shape) == 2:
             env = gym.wrappers.FlattenObservation(env)  # highway's (vehicles, features)
         return env
@@ -179,8 +161,7 @@ def make_vec(args, n):
     if args.env_backend == "envpool":  # batched C++ ports, in the optional iif_envpool.py
         from iif_envpool import EnvpoolVec
         return EnvpoolVec(args.env_id, PRESETS[args.env_id]["envpool"], n, 1)
-    # SAME_STEP: a finished episode's last observation comes in info["final_obs"] (needed to
-    # bootstrap truncated episodes); the returned observation is already the next episode's first
+    # SAME_STEP: a step that ends an episode returns the next one's first obs, the last in info["final_obs"]
     return gym.vector.SyncVectorEnv([make_env(args.env_id) for _ in range(n)],
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
@@ -192,23 +173,18 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 
 def mlp(n_in, n_out, out_std):
-    return nn.Sequential(layer_init(nn.Linear(n_in, 64)), nn.Tanh(),
-                         layer_init(nn.Linear(64, 64)), nn.Tanh(),
+    return nn.Sequential(layer_init(nn.Linear(n_in, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
                          layer_init(nn.Linear(64, n_out), std=out_std))
 
 
-class Agent(nn.Module):
-    """SB3's default actor-critic (App. B.2): separate 64-64 tanh MLPs for policy and value, behind
-    a CNN shared by both for images (MiniGrid); a Box action: a Gaussian, state-free log-std."""
-
+class Agent(nn.Module):  # App. B.2: SB3's default actor-critic, separate 64-64 tanh MLPs, a shared CNN for images
     def __init__(self, obs_space, act_space):
         super().__init__()
         self.image = len(obs_space.shape) == 3
         if self.image:
             h, w, c = obs_space.shape
             self.extractor = nn.Sequential(
-                layer_init(nn.Conv2d(c, 16, 3)), nn.ReLU(),
-                layer_init(nn.Conv2d(16, 32, 3)), nn.ReLU(),
+                layer_init(nn.Conv2d(c, 16, 3)), nn.ReLU(), layer_init(nn.Conv2d(16, 32, 3)), nn.ReLU(),
                 nn.Flatten(), layer_init(nn.Linear(32 * (h - 4) * (w - 4), 64)), nn.ReLU())
         n_in = 64 if self.image else int(np.prod(obs_space.shape))
         self.continuous = isinstance(act_space, gym.spaces.Box)
@@ -216,25 +192,19 @@ class Agent(nn.Module):
         self.actor = mlp(n_in, n_act, out_std=0.01)
         self.critic = mlp(n_in, 1, out_std=1.0)
         if self.continuous:
-            self.log_std = nn.Parameter(torch.zeros(n_act))
+            self.log_std = nn.Parameter(torch.zeros(n_act))  # the Gaussian's state-free log-std
 
     def features(self, obs):
         return self.extractor(obs.permute(0, 3, 1, 2) / 255.0) if self.image else obs
 
-    def dist(self, h):
-        if self.continuous:
-            mean = self.actor(h)
-            return Normal(mean, self.log_std.exp().expand_as(mean))
-        return Categorical(logits=self.actor(h))
+    def dist(self, h):  # a Box action: a diagonal Gaussian, log-probs and entropies summed over its dimensions
+        out = self.actor(h)  # the Gaussian's mean or the logits
+        return Independent(Normal(out, self.log_std.exp()), 1) if self.continuous else Categorical(logits=out)
 
-    def forward(self, obs, action, critic=True):
-        """log pi(a|s), entropy and V(s) (None without the critic) of a batch of records."""
+    def forward(self, obs, action, critic=True):  # log pi(a|s), entropy and V(s) (None without the critic)
         h = self.features(obs)
         d = self.dist(h)
-        logp, ent = d.log_prob(action), d.entropy()
-        if self.continuous:
-            logp, ent = logp.sum(-1), ent.sum(-1)
-        return logp, ent, self.critic(h).squeeze(-1) if critic else None
+        return d.log_prob(action), d.entropy(), self.critic(h).squeeze(-1) if critic else None
 
     @torch.inference_mode()
     def act(self, obs):
@@ -246,9 +216,8 @@ class Agent(nn.Module):
 
 
 def env_action(agent, action, act_space):
-    if agent.continuous:
-        return np.clip(action.cpu().numpy(), act_space.low, act_space.high)
-    return action.cpu().numpy()
+    action = action.cpu().numpy()
+    return np.clip(action, act_space.low, act_space.high) if agent.continuous else action
 
 
 def as_tensor(x, device):  # observations, on the agent's device
@@ -257,16 +226,13 @@ def as_tensor(x, device):  # observations, on the agent's device
 
 # ---- Stage I of Alg. 1: the rollout buffer B(k) and its advantages (Sec. 2.1) ----
 def collect_rollout(agent, envs, next_obs, ep, args):
-    """B(k): num-steps steps of every env with the policy at theta(k), with log pi(a|s), V(s) and
-    GAE advantages; record t * num_envs + e is step t of env e. Also returns the next observation
-    and the mean return and length of the episodes that ended (nan if none); ep carries the returns
-    and lengths, (2, num_envs), of those under way."""
+    """B(k) at theta(k) with log pi(a|s), V(s) and GAE advantages; record t * num_envs + e is step t of env e.
+    Also the next obs, the mean return and length of the episodes ended (nan if none); ep: those under way."""
     T, N, act_space = args.num_steps, args.num_envs, envs.single_action_space
     device = next(agent.parameters()).device
     obs = np.zeros((T, N) + envs.single_observation_space.shape, dtype=np.float32)
     actions = np.zeros((T, N) + act_space.shape, dtype=np.float32 if agent.continuous else np.int64)
-    rewards = np.zeros((T, N), dtype=np.float32)
-    terminations, truncations = np.zeros((T, N), dtype=bool), np.zeros((T, N), dtype=bool)
+    rewards, terminations, truncations = (np.zeros((T, N), dtype) for dtype in (np.float32, bool, bool))
     ended, truncated = [], []
     for step in range(T):
         obs[step] = next_obs
@@ -286,31 +252,24 @@ def collect_rollout(agent, envs, next_obs, ep, args):
     with torch.no_grad():  # log pi(a|s) and V(s) at theta(k) of all records in one batched pass
         logprobs, _, values = agent(r["obs"].flatten(0, 1), r["actions"].flatten(0, 1))
     r["logprobs"], r["values"] = logprobs.view(T, N), values.view(T, N)
-    # next_values[t]: V of the state after step t (of the final observation where an episode was
-    # truncated: bootstrapped, as SB3 does)
-    last_value = agent.value(as_tensor(next_obs, device))
-    r["next_values"] = torch.cat([r["values"][1:], last_value[None]])
+    # next_values[t]: V of the state after step t; of the final obs where truncated (bootstrapped, as SB3)
+    r["next_values"] = torch.cat([r["values"][1:], agent.value(as_tensor(next_obs, device))[None]])
     if truncated:
         steps, env_ids, final_obs = zip(*truncated)
         final_obs = as_tensor(np.stack(final_obs), device)
         r["next_values"][steps, env_ids] = agent.value(final_obs)
-    r["advantages"], r["returns"] = compute_gae(
-        r["rewards"], r["values"], r["next_values"], r["terminations"], r["dones"], args.gamma,
-        args.gae_lambda)
+    r["advantages"], r["returns"] = compute_gae(r["rewards"], r["values"], r["next_values"], r["terminations"],
+                                                r["dones"], args.gamma, args.gae_lambda)
     train_return, train_length = np.mean(ended, 0) if ended else (float("nan"),) * 2
-    return {key: v.flatten(0, 1) for key, v in r.items()}, next_obs, float(train_return), float(
-        train_length)
+    return {key: v.flatten(0, 1) for key, v in r.items()}, next_obs, float(train_return), float(train_length)
 
 
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
-    """GAE over a (steps, envs) rollout. next_values[t] is V of the state after step t in the same
-    episode, ignored where the episode terminated."""
-    advantages = torch.zeros_like(rewards)
-    lastgaelam = 0.0
+    """GAE over a (steps, envs) rollout; next_values[t]: V of the state after step t, ignored if it terminated."""
+    advantages, lastgaelam = torch.zeros_like(rewards), 0.0
     for t in reversed(range(len(rewards))):
         delta = rewards[t] + gamma * next_values[t] * (1.0 - terminations[t]) - values[t]
-        # dones[t]: step t *ended* an episode (CleanRL's dones[t] says obs[t] *started* one), so
-        # the recursion is cut after step t and step t's own delta still counts
+        # dones[t]: step t *ended* an episode (CleanRL's: obs[t] *started* one), so step t's delta still counts
         lastgaelam = delta + gamma * lam * (1.0 - dones[t]) * lastgaelam
         advantages[t] = lastgaelam
     return advantages, advantages + values
@@ -323,14 +282,10 @@ def normalize(x):
 # ---- Stage II of Alg. 1: the target function, the influence of every record, the filter ----
 DIAGNOSTICS = ("pg_loss", "vf_loss", "entropy", "old_approx_kl", "approx_kl", "clip_frac")  # per update
 def ppo_losses(agent, b, idx, args, params=None, adv=None, vf_coef=None, parts=None):
-    """Per-record PPO loss l_i (Sec. 2.1) of records idx; an optimizer step minimises its mean.
-    params: parameters to evaluate the agent at (torch.func); adv, vf_coef: defaults b's, args';
-    parts: a dict that gets each record's DIAGNOSTICS (no gradient)."""
-    obs, actions = b["obs"][idx], b["actions"][idx]
-    if params is None:
-        logp, entropy, value = agent(obs, actions)
-    else:
-        logp, entropy, value = functional_call(agent, params, (obs, actions))
+    """Per-record PPO loss l_i (Sec. 2.1) of records idx; a step minimises its mean. params: the agent's, for
+    torch.func; adv, vf_coef: default b's, args'; parts: a dict that gets each record's DIAGNOSTICS (no grad)."""
+    records = (b["obs"][idx], b["actions"][idx])
+    logp, entropy, value = agent(*records) if params is None else functional_call(agent, params, records)
     adv = b["advantages"][idx] if adv is None else adv
     vf_coef = args.vf_coef if vf_coef is None else vf_coef
     ratio = (logp - b["logprobs"][idx]).exp()
@@ -345,42 +300,35 @@ def ppo_losses(agent, b, idx, args, params=None, adv=None, vf_coef=None, parts=N
 
 
 def f_return(agent, params, obs, actions, a_hat):
-    """The target f_return (Sec. 3.1): mean over records of log pi_theta(a|s) x A_hat(s, a), with
-    pi_ref = pi_theta(k), so B(k) itself is the sample. A_hat: the raw GAE estimates."""
+    """Sec. 3.1's f_return: mean log pi_theta(a|s) x raw GAE A_hat over B(k), a sample of pi_ref = pi_theta(k)"""
     logp, _, _ = functional_call(agent, params, (obs, actions), {"critic": False})
     return (logp * a_hat).mean()
 
 
-def target_grad(agent, params, obs, actions, a_hat):
-    """grad f_return at params, {name: gradient}, for the parameters f reaches (not the critic)"""
+def target_grad(agent, params, obs, actions, a_hat):  # {name: grad f_return at params}, none for the critic
     grads = torch.autograd.grad(f_return(agent, params, obs, actions, a_hat),
                                 list(params.values()), allow_unused=True)
     return {k: g for k, g in zip(params, grads) if g is not None}
 
 
 def influence(agent, b, args, target=None):
-    """I_i = <grad f(theta(k)), -grad l_i(theta(k))> of every record (Sec. 3.1, 5.1), exact and
-    batched: one backward pass gives g = grad f, one forward-mode pass (jvp) every dl_i . g.
-    target: f's (obs, actions, weights); default B(k) with its A_hat, f_return (one (s, a) with
-    weight 1 is f_action, Sec. 4.2)."""
+    """I_i = <grad f(theta(k)), -grad l_i(theta(k))> of every record (Sec. 3.1, 5.1), exact and batched: one
+    backward pass gives g = grad f, one forward-mode pass (jvp) every dl_i . g. target: f's (obs, actions,
+    weights); default B(k) with its A_hat, f_return (one (s, a) with weight 1 is f_action, Sec. 4.2)."""
     params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
     g = target_grad(agent, params, *(target or (b["obs"], b["actions"], b["advantages"])))
     primals = {k: params[k].detach() for k in g}
     frozen = {k: v.detach() for k, v in params.items() if k not in g}  # the separate critic
-    # inside l_i: A_hat normalised over B(k), the expected statistics of the minibatches the record
-    # will meet in training; only the policy terms of l_i, as the released code scored
-    adv = normalize(b["advantages"])
+    adv = normalize(b["advantages"])  # l_i's A_hat normalised over B(k), as its minibatches will be on average
 
-    def losses(p):  # theta -> (l_1(theta), ..., l_n(theta))
+    def losses(p):  # theta -> (l_1(theta), ..., l_n(theta)), their policy terms only (as released)
         return ppo_losses(agent, b, slice(None), args, {**frozen, **p}, adv, vf_coef=0.0)
-
     _, dl = jvp(losses, (primals,), (g,))
     return -dl
 
 
 def filter_records(scores, method, p, gen):
-    """Alg. 1, Stage II: (kept mask, n_negative). 'influence' drops the bottom floor(p x n_negative)
-    records; 'random' as many uniformly at random; 'none' nothing (standard PPO)."""
+    """Alg. 1, Stage II: (kept mask, n_negative); drop the bottom floor(p x n_negative), or as many at random"""
     n_neg = int((scores < 0).sum())
     kept = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
     if method == "none":
@@ -403,9 +351,7 @@ def make_optimizer(agent, args):
 
 
 def ppo_update(agent, optimizer, b, kept_idx, args, rng):
-    """The usual PPO epochs over the kept records. Minibatches keep their size, and each epoch's
-    remainder is skipped (the released code), so a filtered round takes fewer steps. Returns the
-    steps and the means over them of the DIAGNOSTICS."""
+    """PPO epochs on the kept records; full minibatches only (as released), so filtered rounds take fewer steps"""
     n_updates, stats = 0, []
     for epoch in range(args.update_epochs):
         perm = kept_idx[torch.as_tensor(rng.permutation(len(kept_idx)), device=kept_idx.device)]
@@ -427,35 +373,28 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng):
     return n_updates, dict(zip(DIAGNOSTICS, np.mean(stats, 0) if stats else [None] * len(DIAGNOSTICS)))
 
 
-def explained_variance(b):
-    """1 - Var(R - V) / Var(R) on B(k): how much of the returns V(s) at theta(k) explained"""
+def explained_variance(b):  # 1 - Var(R - V) / Var(R) on B(k): how much of the returns V(s) at theta(k) explained
     return float(1 - (b["returns"] - b["values"]).var() / b["returns"].var())
 
 
 @torch.no_grad()
-def approx_kl(agent, b):
-    """KL(pi_theta(k) || pi_theta) on B(k), whose actions pi_theta(k) sampled: the mean of
-    (r - 1) - log r, r = pi_theta(a|s) / pi_theta(k)(a|s) (unbiased, never negative)."""
+def approx_kl(agent, b):  # KL(pi_theta(k) || pi_theta), B(k) its sample: mean (r - 1) - log r, unbiased, >= 0
     logratio = agent(b["obs"], b["actions"], critic=False)[0] - b["logprobs"]
     return float((logratio.exp() - 1 - logratio).mean())
 
 
 def evaluate(agent, envs, n_episodes, seed):
-    """Test return (App. B.2): mean and std over n_episodes of the stochastic policy, split evenly
-    across the envs so short episodes are not over-counted (envpool steps only those owing one)."""
+    """Test return (App. B.2): mean and std over n_episodes of the stochastic policy"""
     n = envs.num_envs
-    quota = np.array([n_episodes // n + (i < n_episodes % n) for i in range(n)])
+    quota = n_episodes // n + (np.arange(n) < n_episodes % n)  # split evenly: short episodes not over-counted
     done_count, ep_ret, returns = np.zeros(n, dtype=int), np.zeros(n), []
     obs, _ = envs.reset(seed=seed)
-    subset = not isinstance(envs, gym.vector.VectorEnv)  # envpool's can step only some envs
+    subset = not isinstance(envs, gym.vector.VectorEnv)  # envpool steps only the envs owing an episode
     device = next(agent.parameters()).device
     while (done_count < quota).any():
         live = np.flatnonzero(done_count < quota) if subset else np.arange(n)
         action = env_action(agent, agent.act(as_tensor(obs[live], device)), envs.single_action_space)
-        if subset:
-            obs[live], reward, term, trunc, _ = envs.step(action, live)
-        else:
-            obs, reward, term, trunc, _ = envs.step(action)
+        obs[live], reward, term, trunc, _ = envs.step(action, live) if subset else envs.step(action)
         ep_ret[live] += reward
         for i in live[term | trunc]:
             if done_count[i] < quota[i]:
@@ -468,16 +407,13 @@ def evaluate(agent, envs, n_episodes, seed):
 METRICS = ["round", "global_step", "train_return", "train_length", "test_return_mean", "test_return_std",
            "n_records", "n_kept", "n_dropped", "n_negative", "n_updates", "kl",
            "t_rollout", "t_influence", "t_optim", "t_eval", *DIAGNOSTICS, "explained_var"]
-
-
 # TensorBoard: CleanRL's scalar names, and IIF's under iif/ (metrics.csv's columns)
 SCALARS = {"charts/episodic_return": "train_return", "charts/episodic_length": "train_length",
            "charts/SPS": "sps", "losses/value_loss": "vf_loss", "losses/policy_loss": "pg_loss",
-           "losses/entropy": "entropy", "losses/old_approx_kl": "old_approx_kl",
-           "losses/approx_kl": "approx_kl", "losses/clipfrac": "clip_frac",
-           "losses/explained_variance": "explained_var", "iif/test_return": "test_return_mean",
-           "iif/n_kept": "n_kept", "iif/n_negative": "n_negative", "iif/n_dropped": "n_dropped",
-           "iif/kl": "kl", "iif/influence_seconds": "t_influence"}
+           "losses/entropy": "entropy", "losses/old_approx_kl": "old_approx_kl", "losses/approx_kl": "approx_kl",
+           "losses/clipfrac": "clip_frac", "losses/explained_variance": "explained_var",
+           "iif/test_return": "test_return_mean", "iif/n_kept": "n_kept", "iif/n_negative": "n_negative",
+           "iif/n_dropped": "n_dropped", "iif/kl": "kl", "iif/influence_seconds": "t_influence"}
 
 
 # ---- The loop of Alg. 1 ----
@@ -489,9 +425,8 @@ def main(args):
     rng = np.random.default_rng(args.seed)  # minibatch shuffling
     gen = torch.Generator().manual_seed(args.seed)  # random filtering
     envs = make_vec(args, args.num_envs)
-    # test episodes: one env each on envpool, 16 Python envs on gymnasium
-    eval_envs = make_vec(args, args.eval_episodes if args.env_backend == "envpool" else
-                         min(16, args.eval_episodes))
+    n_eval = args.eval_episodes if args.env_backend == "envpool" else min(16, args.eval_episodes)
+    eval_envs = make_vec(args, n_eval)  # test episodes: one env each on envpool, 16 Python envs on gymnasium
     agent = Agent(envs.single_observation_space, envs.single_action_space).to(device)
     if args.eval_model:  # no training: the saved agent's test return (and a video)
         agent.load_state_dict(torch.load(args.eval_model, map_location=device)["agent"])
@@ -522,17 +457,14 @@ def main(args):
         # Stage I (Alg. 1): collect the rollout buffer B(k) with the policy at theta(k)
         b, next_obs, train_return, train_length = collect_rollout(agent, envs, next_obs, ep, args)
         t1 = time.perf_counter()
-
         # Stage II (Alg. 1): score every record at theta(k) (Sec. 5.1), drop the bottom ones
         scores = influence(agent, b, args)
         if not torch.isfinite(scores).all():
             fail(f"round {k}: non-finite influence scores; lower --learning-rate")
         kept, n_negative = filter_records(scores, args.filter_method, args.filter_p, gen)
         t2 = time.perf_counter()
-
         # Stage III (Alg. 1): the ordinary PPO update on the kept records
-        theta_k = ({key: v.clone() for key, v in agent.state_dict().items()}
-                   if args.save_rounds else None)  # theta(k), for the round file
+        theta_k = {key: v.clone() for key, v in agent.state_dict().items()} if args.save_rounds else None
         try:
             n_updates, stats = ppo_update(agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng)
         except FloatingPointError as e:
@@ -542,16 +474,13 @@ def main(args):
         t4 = time.perf_counter()
         if args.capture_video and k % max(1, args.num_rounds // 10) == 0:
             record_video(agent, args, k)
-
         ended = not math.isnan(train_return)  # some training episode ended in this round
-        row = dict(round=k, global_step=(k + 1) * args.batch_size,
-                   train_return=train_return if ended else None,
+        row = dict(round=k, global_step=(k + 1) * args.batch_size, train_return=train_return if ended else None,
                    train_length=train_length if ended else None, test_return_mean=test_mean,
                    test_return_std=test_std, n_records=args.batch_size, n_kept=int(kept.sum()),
-                   n_dropped=int((~kept).sum()), n_negative=n_negative,
-                   n_updates=n_updates, kl=approx_kl(agent, b), t_rollout=t1 - t0,
-                   t_influence=t2 - t1, t_optim=t3 - t2, t_eval=t4 - t3, **stats,
-                   explained_var=explained_variance(b))
+                   n_dropped=int((~kept).sum()), n_negative=n_negative, n_updates=n_updates,
+                   kl=approx_kl(agent, b), t_rollout=t1 - t0, t_influence=t2 - t1, t_optim=t3 - t2,
+                   t_eval=t4 - t3, **stats, explained_var=explained_variance(b))
         metrics.writerow(row)
         metrics_file.flush()  # an interrupted run keeps every finished round
         sps = int(row["global_step"] / (time.perf_counter() - start))
@@ -567,21 +496,16 @@ def main(args):
                        os.path.join(run_dir, "rounds", f"round_{k:04d}.pt"))
         print(f"round {k} [{k + 1}/{args.num_rounds}] step {row['global_step']} SPS {sps} | train "
               f"{f'{train_return:.3f}' if ended else '(no episode ended)'} test {test_mean:.3f} +- "
-              f"{test_std:.3f} | kept {row['n_kept']}/{args.batch_size} (neg {n_negative}) "
-              f"| s: rollout {t1 - t0:.2f} influence {t2 - t1:.2f} optim {t3 - t2:.2f} eval "
-              f"{t4 - t3:.2f}", flush=True)
+              f"{test_std:.3f} | kept {row['n_kept']}/{args.batch_size} (neg {n_negative}) | s: rollout "
+              f"{t1 - t0:.2f} influence {t2 - t1:.2f} optim {t3 - t2:.2f} eval {t4 - t3:.2f}", flush=True)
     if args.save_model or args.save_rounds:  # python iif.py --eval-model <run>/iif.cleanrl_model
         torch.save(dict(args=dataclasses.asdict(args), agent=agent.state_dict()),
                    os.path.join(run_dir, "iif.cleanrl_model"))
-    writer.close()
-    metrics_file.close()
-    envs.close()
-    eval_envs.close()
+    for done in (writer, metrics_file, envs, eval_envs):
+        done.close()
 
 
-def tensorboard(args, run_dir):
-    """CleanRL's SummaryWriter at runs/<run-name> (tensorboard --logdir runs), the flags as a table;
-    with --track, wandb (imported only when asked) syncing it"""
+def tensorboard(args, run_dir):  # CleanRL's SummaryWriter, the flags as a table; --track: wandb, synced
     if args.track:
         import wandb
         wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
@@ -593,12 +517,10 @@ def tensorboard(args, run_dir):
     return writer
 
 
-def record_video(agent, args, k):
-    """--capture-video: one test episode to videos/<run-name>/, drawn from a generator of its own"""
+def record_video(agent, args, k):  # --capture-video: a test episode to videos/<run-name>/, with its own RNG
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # frames without a screen
-    env = gym.vector.SyncVectorEnv([lambda: gym.wrappers.RecordVideo(
-        make_env(args.env_id, "rgb_array")(), f"videos/{args.run_name}", name_prefix=f"round-{k}",
-        disable_logger=True)])
+    env = gym.vector.SyncVectorEnv([lambda: gym.wrappers.RecordVideo(make_env(args.env_id, "rgb_array")(),
+                                    f"videos/{args.run_name}", name_prefix=f"round-{k}", disable_logger=True)])
     device = next(agent.parameters()).device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed + 20_000 + k)
@@ -610,9 +532,7 @@ def fail(msg):
     raise SystemExit(f"{os.path.basename(sys.argv[0])}: error: {msg}")
 
 
-def resolve_args(args):
-    """Fill in the env's preset and the sizes; check the flags and the env. Bad input stops here,
-    before anything is written, naming the flag."""
+def resolve_args(args):  # fill in preset and sizes, check flags and env: bad input stops here, naming the flag
     if args.eval_model:  # the saved run's env; the test's flags from this command
         try:
             saved = torch.load(args.eval_model, map_location="cpu")["args"]
@@ -623,12 +543,11 @@ def resolve_args(args):
         if getattr(args, flag) and not importlib.util.find_spec(package):
             fail(f"--{flag.replace('_', '-')} needs {package}: pip install {package}")
     preset = preset_of(args.env_id)
-    if args.env_id not in PRESETS and (args.filter_method or "none") in OUTSIDE:
-        print(OUTSIDE[args.filter_method or "none"], file=sys.stderr)
-    for key in ("total_timesteps", "optimizer", "learning_rate", "filter_p", "eval_episodes",
-                "filter_method", "max_grad_norm"):
+    for key in preset_of(None):  # the flags a preset sets
         if getattr(args, key) is None:
             setattr(args, key, preset[key])
+    if args.env_id not in PRESETS and args.filter_method in OUTSIDE:
+        print(OUTSIDE[args.filter_method], file=sys.stderr)
     for key, ok, allowed in [(k, getattr(args, k) >= 1, "at least 1") for k in (
             "num_envs", "num_steps", "minibatch_size", "update_epochs", "eval_episodes")] + [
             ("filter_p", 0 < args.filter_p <= 1, "in (0, 1]"),
@@ -638,12 +557,11 @@ def resolve_args(args):
             fail(f"--{key.replace('_', '-')} must be {allowed}, got {getattr(args, key)}")
     args.batch_size = args.num_steps * args.num_envs
     args.num_rounds = args.total_timesteps // args.batch_size
+    buffer = f"the buffer size --num-steps x --num-envs = {args.batch_size}"
     if args.batch_size % args.minibatch_size:
-        fail(f"--minibatch-size {args.minibatch_size} does not divide the buffer size "
-             f"--num-steps x --num-envs = {args.batch_size}")
+        fail(f"--minibatch-size {args.minibatch_size} does not divide {buffer}")
     if args.num_rounds < 1 or args.total_timesteps % args.batch_size:
-        fail(f"--total-timesteps {args.total_timesteps} is not a positive multiple of the buffer "
-             f"size --num-steps x --num-envs = {args.batch_size}")
+        fail(f"--total-timesteps {args.total_timesteps} is not a positive multiple of {buffer}")
     ported = "envpool" in PRESETS.get(args.env_id, {}) and all(
         importlib.util.find_spec(m) for m in ("envpool", "iif_envpool"))
     if args.env_backend == "envpool" and not ported:
@@ -673,8 +591,7 @@ def resolve_args(args):
 
 if __name__ == "__main__":
     torch.distributions.Distribution.set_default_validate_args(False)  # checks slow the rollout
-    presets = f"{__doc__.splitlines()[0]} Presets: {', '.join(PRESETS)}."
-    args = resolve_args(tyro.cli(Args, description=presets))
+    args = resolve_args(tyro.cli(Args, description=f"{__doc__.splitlines()[0]} Presets: {', '.join(PRESETS)}."))
     try:
         main(args)
     except KeyboardInterrupt:
