@@ -9,7 +9,7 @@ rest. Read top to bottom: presets and flags, env and agent, Stages I-III, the te
     python iif.py --env-id Acrobot-v1                         # IIF with the paper's preset
     python iif.py --env-id Acrobot-v1 --filter-method none    # standard PPO
 
-iif_variants.py adds the released code's switches, App. C's baselines, TracIn, f_action, --resume.
+research/iif_variants.py adds the released code's switches, App. C's baselines, TracIn, f_action, --resume.
 """
 import csv
 import dataclasses
@@ -31,6 +31,7 @@ import tyro
 from torch.distributions import Categorical, Independent, Normal
 from torch.func import functional_call, jvp
 
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "research"))  # iif_envpool.py, optional
 SGD = dict(optimizer="sgd", learning_rate=5e-3)  # TracIn's setting, on all but BipedalWalker
 PRESETS = {  # App. B.1-B.2: each env's budget, optimizer, filter p, test episodes; envpool: its C++ port's kwargs
     "FrozenLake-v1": dict(**SGD, total_timesteps=102_400, filter_p=0.5, eval_episodes=1000,
@@ -111,7 +112,7 @@ class Args:
     save_rounds: bool = False
     """also write <run>/rounds/round_KKKK.pt: theta(k) and the scored buffer B(k) of every round"""
     env_backend: Literal["auto", "gymnasium", "envpool"] = "auto"
-    """gymnasium (the paper's), envpool (C++ ports, iif_envpool.py) or auto: envpool where ported"""
+    """gymnasium (the paper's), envpool (C++ ports, research/iif_envpool.py) or auto: envpool where ported"""
     cuda: bool = True
     """run the agent on CUDA where there is a GPU (else the CPU)"""
     torch_deterministic: bool = True
@@ -158,7 +159,7 @@ def make_env(env_id, render_mode=None):  # a thunk: an env observing a flat floa
 
 
 def make_vec(args, n):
-    if args.env_backend == "envpool":  # batched C++ ports, in the optional iif_envpool.py
+    if args.env_backend == "envpool":  # batched C++ ports, in the optional research/iif_envpool.py
         from iif_envpool import EnvpoolVec
         return EnvpoolVec(args.env_id, PRESETS[args.env_id]["envpool"], n, 1)
     # SAME_STEP: a step that ends an episode returns the next one's first obs, the last in info["final_obs"]
@@ -565,7 +566,7 @@ def resolve_args(args):  # fill in preset and sizes, check flags and env: bad in
     ported = "envpool" in PRESETS.get(args.env_id, {}) and all(
         importlib.util.find_spec(m) for m in ("envpool", "iif_envpool"))
     if args.env_backend == "envpool" and not ported:
-        fail("--env-backend envpool needs the envpool package, iif_envpool.py beside iif.py and a "
+        fail("--env-backend envpool needs the envpool package, research/iif_envpool.py and a "
              f"preset with a port ({', '.join(k for k, v in PRESETS.items() if 'envpool' in v)})")
     if args.env_backend == "auto":
         args.env_backend = "envpool" if ported else "gymnasium"

@@ -72,7 +72,7 @@ def test_every_preset_runs_two_rounds(tmp_path, env_id, flags):
 
 
 def test_iif_py_alone_runs_the_presets_on_gymnasium(tmp_path):
-    """A user copies iif.py alone: without iif_envpool.py beside it, --env-backend auto takes gymnasium"""
+    """A user copies iif.py alone: without research/iif_envpool.py, --env-backend auto takes gymnasium"""
     (tmp_path / "alone").mkdir()
     shutil.copy(os.path.join(ROOT, "iif.py"), tmp_path / "alone")
     cmd = [sys.executable, str(tmp_path / "alone" / "iif.py"), "--runs-dir", str(tmp_path), "--env-id", "Acrobot-v1",
