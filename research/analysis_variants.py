@@ -810,6 +810,74 @@ def t_interval(x, fmt):
     return f"[{lo:{fmt}}, {hi:{fmt}}]"
 
 
+# ---- Fig. 6(b) against the paper, under one rule (t-intervals; Welch's test against its mean ± std) ----
+
+PAPER_FIG6B = {  # the paper's Fig. 6(b), in %: mean and std over its 3 seeds of SE_ave, SE_peak, RT_peak
+    "FrozenLake-v1": ((33.7, 3.4), (19.6, 8.4), (31.3, 3.3)),
+    "Acrobot-v1": ((36.7, 6.5), (48.5, 0.8), (55.2, 1.0)),
+    "MiniGrid-Empty-8x8-v0": ((67.5, 5.1), (67.4, 4.4), (71.6, 1.1)),
+    "highway-v0": ((37.7, 6.1), (55.1, 2.9), (59.9, 0.7)),
+    "LunarLander-v3": ((28.2, 1.3), (41.6, 5.7), (44.1, 2.3)),
+    "BipedalWalker-v3": ((31.0, 8.7), (26.2, 8.0), (29.2, 0.7)),
+}
+
+
+@dataclass
+class Paper:
+    """Fig. 6(b) under one rule: SE_ave (both readings of the levels), SE_peak and RT_peak, each a mean over seeds
+    with its 95 % t-interval (the percentile bootstrap beside it), and Welch's t-test against the paper's
+    mean ± std over its 3 seeds. A verdict word only where the t-interval excludes 0 (IIF ahead of or behind
+    standard PPO) or the test rejects at 5 % (above or below the paper)"""
+    env: tuple[str, ...]
+    """env ids"""
+    runs: str = "results/runs"
+    """folder of <env>__<label>__<seed> runs"""
+    label: str = "influence"
+    """label compared with standard PPO ('none')"""
+
+
+def welch(x, mean, std, n=3):
+    """Welch's two-sided t-test of the seeds x against a published mean ± std over n seeds (its std read as the
+    sample std): the p-value"""
+    x = np.asarray(x, dtype=float)
+    return float(scipy.stats.ttest_ind_from_stats(x.mean(), x.std(ddof=1), len(x), mean, std, n,
+                                                  equal_var=False).pvalue)
+
+
+def cmd_paper(args):
+    name = LABELS.get(args.label, args.label)
+    print(f"{name} against standard PPO and against the paper's Fig. 6(b), in %: mean over seeds [95 % t-interval] "
+          "(95 % bootstrap interval); the paper's mean ± std over 3 seeds and Welch's two-sided p against it\n")
+    print("| env | measure | seeds | ours | against standard PPO | paper | p | against the paper |")
+    print("|---|---|---|---|---|---|---|---|")
+    for env_id in args.env:
+        runs = load_runs(args.runs, env_id)
+        seeds = sorted(set(runs.get("none", {})) & set(runs.get(args.label, {})))
+        n = max((len(runs[lb][s]) for lb in ("none", args.label) for s in seeds), default=0)
+        seeds = [s for s in seeds if min(len(runs["none"][s]), len(runs[args.label][s])) == n]
+        if len(seeds) < 2:
+            print(f"| {env_id} | - | {len(seeds)} | fewer than 2 finished seeds with both runs | | | | |")
+            continue
+        res = {r: [efficiency(runs["none"][s], runs[args.label][s], r) for s in seeds] for r in ("records", "even")}
+        paper = PAPER_FIG6B.get(env_id)
+        for measure, key, reading, ref in [("SE_ave, records", "se_ave", "records", 0), ("SE_ave, even", "se_ave",
+                                           "even", 0), ("SE_peak", "se_peak", "records", 1),
+                                           ("RT_peak", "rt_peak", "records", 2)]:
+            x = 100 * np.array([r[key] for r in res[reading]])
+            mean, lo, hi = mean_t(x)
+            _, blo, bhi = mean_ci(x)
+            vs_std = "ahead" if lo > 0 else "behind" if hi < 0 else "not detected"
+            if paper:
+                pm, ps = paper[ref]
+                p = welch(x, pm, ps)
+                vs_paper = ("below" if mean < pm else "above") if p < 0.05 else "not detected"
+                cells = f"{pm:.1f} ± {ps:.1f} | {p:.3f} | {vs_paper}"
+            else:
+                cells = "- | - | -"
+            print(f"| {env_id} | {measure} | {len(seeds)} | {mean:.1f} [{lo:.1f}, {hi:.1f}] ({blo:.1f}, {bhi:.1f}) | "
+                  f"{vs_std} | {cells} |")
+
+
 # ---- RLHF methods at equal KL to the reference (results/frontier.sh) ----
 
 @dataclass
@@ -1062,6 +1130,7 @@ COMMANDS = {  # subcommand: (its flags, what it runs)
     "counterfactual": (Counterfactual, cmd_counterfactual),
     "ippo": (Ippo, cmd_ippo),
     "frontier": (Frontier, cmd_frontier),
+    "paper": (Paper, cmd_paper),
 }
 
 

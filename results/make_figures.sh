@@ -129,6 +129,7 @@ for e in FrozenLake-v1=50=3 Acrobot-v1=50=3 MiniGrid-Empty-8x8-v0=40=3 highway-v
   if S="$(seq -s ' ' "$n")" complete "$env" "$rounds" influence none; then envs="$envs $env"; null="$null $env=$n"; fi
 done
 python analysis.py efficiency --runs results/runs --env $envs > $F/efficiency_all.md
+python research/analysis_variants.py paper --runs results/runs --env $envs > $F/paper_fig6b.md  # t-intervals, Welch
 python analysis.py efficiency --runs results/runs --env $envs --label random > $F/efficiency_random_all.md
 bash results/null_efficiency.sh $null > $F/efficiency_null.md  # the noise floor
 if [ -f results/backends/highway-v0__influence-gymnasium__1/metrics.csv ]; then  # bash results/backends.sh

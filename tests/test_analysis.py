@@ -468,3 +468,30 @@ def test_interval_functions_against_scipy(n):
     assert lo < blo and bhi < hi  # the bootstrap's is narrower
     if n == 3:
         assert (blo, bhi) == pytest.approx((x.min(), x.max()), abs=1e-9) or (x.min() <= blo and bhi <= x.max())
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_welch_against_the_papers_mean_and_std(n):
+    """Welch's t statistic and Satterthwaite's degrees of freedom by hand, against a paper's mean ± std over 3 seeds"""
+    x = np.random.default_rng(n).normal(10, 3, n)
+    va, vb = x.var(ddof=1) / n, 2.0 ** 2 / 3
+    t = (x.mean() - 14.0) / np.sqrt(va + vb)
+    dof = (va + vb) ** 2 / (va ** 2 / (n - 1) + vb ** 2 / 2)
+    assert analysis_variants.welch(x, 14.0, 2.0) == pytest.approx(2 * scipy.stats.t.sf(abs(t), dof), rel=1e-9)
+
+
+def test_paper_table_says_a_verdict_only_where_the_interval_or_test_allows(tmp_path, monkeypatch):
+    """SE_ave over standard's record levels 1-4 (rounds 1-4): IIF reaches them in rounds 1, 1, 2, 3 (seeds 1, 2) and
+    1, 2, 2, 3 (seed 3), SE (0 + 1/2 + 1/3 + 1/4) / 4 and (0 + 0 + 1/3 + 1/4) / 4: ahead of standard PPO; against a
+    paper at 25 ± 1 % not detected, at 50 ± 1 % below"""
+    for seed, iif_returns in ((1, [2, 3, 4, 4]), (2, [2, 3, 4, 4]), (3, [1, 3, 4, 4])):
+        write_run(tmp_path, "none", seed, [1, 2, 3, 4])
+        write_run(tmp_path, "influence", seed, iif_returns)
+    for paper, word in (((25.0, 1.0), "not detected"), ((50.0, 1.0), "below")):
+        monkeypatch.setitem(analysis_variants.PAPER_FIG6B, "E", (paper, paper, paper))
+        out = sh("analysis_variants.py", "paper", "--runs", str(tmp_path), "--env", "E")
+        row = next(line for line in out.splitlines() if line.startswith("| E | SE_ave, records |"))
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        x = [100 * (1 / 2 + 1 / 3 + 1 / 4) / 4] * 2 + [100 * (1 / 3 + 1 / 4) / 4]
+        assert cells[2] == "3" and cells[4] == "ahead" and cells[7] == word, row
+        assert cells[6] == f"{analysis_variants.welch(x, *paper):.3f}"
