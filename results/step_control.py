@@ -24,6 +24,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "research"))  # analysis_variants.py
 OUT = os.path.join(ROOT, "results", "step-control")
 # env: (the flags of its runs in results/runs, its seeds there, the rounds compared)
 ENVS = {
@@ -150,7 +151,9 @@ def kl(runs, last):
 
 def stage_table(envs):
     import analysis
+    from analysis_variants import mean_t
     runs, choice = os.path.join(OUT, "runs"), picked()
+    paired = []  # (env, multiple, {measure: per-seed differences, the larger step's minus IIF's})
     print("Standard PPO at IIF's step size, against standard PPO: means over seeds [95 % bootstrap interval]; "
           "KL: median over rounds and seeds of KL(pi_theta(k) || pi_theta(k+1)) on B(k), over the pilot's window "
           "(the multiple was picked there) and over all compared rounds; final: test return after the last "
@@ -169,6 +172,7 @@ def stage_table(envs):
         if not seeds:
             continue
         std_kl = kl({s: found["none"][s] for s in seeds}, n)
+        per_seed = {}
         for lb in ("influence", label, "random"):  # seeds whose run has all n rounds
             rows = {s: found[lb][s][:n] for s in seeds if len(found.get(lb, {}).get(s, [])) >= n}
             if not rows:
@@ -177,6 +181,8 @@ def stage_table(envs):
             res = {rd: [analysis.efficiency(std[s], rows[s], rd) for s in rows]
                    for rd in ("records", "even")}
             final = [rows[s][-1]["test_return_mean"] for s in rows]
+            per_seed[lb] = {s: (100 * res["records"][i]["se_ave"], 100 * res["even"][i]["se_ave"],
+                                100 * res["records"][i]["se_peak"], final[i]) for i, s in enumerate(rows)}
             fmt = ".3f" if max(abs(x) for x in final) <= 1 else ".1f"
             name = {"influence": "IIF", "random": "random"}.get(lb, f"standard, lr x {choice[env_id]:g}")
             print(f"| {env_id} | {choice[env_id]:g} | {len(rows)} | {name} | "
@@ -190,6 +196,22 @@ def stage_table(envs):
         std_kl20 = kl({s: found["none"][s] for s in seeds}, PILOT_ROUNDS)
         print(f"| {env_id} | 1 | {len(seeds)} | standard | {std_kl20:.2g} | {std_kl:.2g} | 1.0 | | | | "
               f"{np.mean(final):{fmt}} ± {np.std(final):{fmt}} |")
+        both = sorted(set(per_seed.get("influence", {})) & set(per_seed.get(label, {})))
+        if len(both) > 1:
+            paired.append((env_id, choice[env_id], fmt, [[per_seed[label][s][i] - per_seed["influence"][s][i]
+                                                          for s in both] for i in range(4)]))
+    print("\nThe larger step against IIF, paired by seed: standard PPO at the multiple minus IIF, mean [95 % "
+          "t-interval]; ahead or behind (the larger step's) only where the interval excludes 0\n")
+    print("| env | lr multiple | seeds | SE_ave, records | SE_ave, even | SE_peak | final |")
+    print("|---|---|---|---|---|---|---|")
+    for env_id, m, fmt, diffs in paired:
+        cells = []
+        for i, d in enumerate(diffs):
+            mean, lo, hi = mean_t(d)
+            f = fmt if i == 3 else ".1f"
+            word = "ahead" if lo > 0 else "behind" if hi < 0 else "not detected"
+            cells.append(f"{mean:+{f}} [{lo:+{f}}, {hi:+{f}}] {word}")
+        print(f"| {env_id} | {m:g} | {len(diffs[0])} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":
