@@ -22,7 +22,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "research"))  # analysis_variants.py
 from analysis import fmt_ci, load_runs, plt, smooth  # noqa: E402
+from analysis_variants import mean_t  # noqa: E402
 
 TASKS = [("grpo-filters-add", "2-digit addition, reward 1 or 0 (exact checker)", "eval_accuracy",
           "test accuracy"),
@@ -87,6 +89,22 @@ def table(prefix, title, metric, metric_name, runs):
               f"| {f or fmt_ci([t for _, t in reached.values()], 1, '.1f')} | {f or fmt_ci(ratio, 1, '.2f')} "
               f"| {f or fmt_ci(adjusted, 1, '.2f')} "
               f"| {fmt_ci(col['per_batch'], 1, '.3f')} |")
+    lower = metric != "eval_accuracy"  # toxicity: lower is better
+    print(f"\nEach method minus plain GRPO, paired by seed: mean [95 % t-interval]; ahead or behind only where the "
+          f"interval excludes 0 (ahead: a higher final reward, a {'lower' if lower else 'higher'} {metric_name})\n")
+    print(f"| method | seeds | final reward | {metric_name} after the last batch |")
+    print("|---|---|---|---|")
+    for lb in labels[1:]:
+        cells = []
+        for k, sign in (("final", 1), ("test", -1 if lower else 1)):
+            d = [stats[lb][s][k] - stats["none"][s][k] for s in stats[lb]]
+            if len(d) < 2:
+                cells.append("-")
+                continue
+            mean, lo, hi = mean_t(d)
+            word = "not detected" if lo <= 0 <= hi else "ahead" if sign * mean > 0 else "behind"
+            cells.append(f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] {word}")
+        print(f"| {NAMES[lb]} | {len(stats[lb])} | {' | '.join(cells)} |")
     print("\nSeconds per generation batch, mean over batches and seeds (the machine's load changed while the "
           "runs ran one after another, so compare the columns within a row more than across rows); the scoring's "
           "(or filter's) cost against the update: per seed, its mean time per batch over the run's own update "
