@@ -502,8 +502,8 @@ def main(args):
     if args.save_model or args.save_rounds:  # python iif.py --eval-model <run>/iif.cleanrl_model
         torch.save(dict(args=dataclasses.asdict(args), agent=agent.state_dict()),
                    os.path.join(run_dir, "iif.cleanrl_model"))
-    for done in (writer, metrics_file, envs, eval_envs):
-        done.close()
+    for resource in (writer, metrics_file, envs, eval_envs):
+        resource.close()
 
 
 def tensorboard(args, run_dir):  # CleanRL's SummaryWriter, the flags as a table; --track: wandb, synced
