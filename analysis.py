@@ -164,7 +164,7 @@ class Efficiency:
 
 
 def cmd_efficiency(args, prepare=None, extra=None):
-    """The table; analysis_variants.py efficiency passes prepare(runs) -> the runs compared, and
+    """The table; analysis_variants.py efficiency passes prepare(runs, env_id) -> the runs compared, and
     extra = (heading, rows(env_id, runs, seeds)) for a table of its own before the runtimes."""
     name = LABELS.get(args.label, args.label)
     readings = ("records", "even") if args.levels == "both" else (args.levels,)
@@ -177,7 +177,7 @@ def cmd_efficiency(args, prepare=None, extra=None):
     breakdown, extra_rows, left_out, order = [], [], [], []
     for env_id in args.env:
         runs = load_runs(args.runs, env_id)
-        runs = prepare(runs) if prepare else runs
+        runs = prepare(runs, env_id) if prepare else runs
         seeds = sorted(set(runs.get("none", {})) & set(runs.get(args.label, {})))
         if not seeds:
             left_out.append(f"{env_id}: no seed has both a standard ('none') and "

@@ -15,6 +15,7 @@ import math
 import os
 import re
 import sys
+import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -61,6 +62,11 @@ class Efficiency(analysis.Efficiency):
     tested_every: int = 1
     """read the test returns of every N-th round only (rounds N-1, 2N-1, ...), as if tested with
     --eval-every N but trained alike: what testing less often does to the numbers"""
+    test_episodes: int = 0
+    """read each round's test return as if tested on N episodes, not the run's own M (its config.json): plus
+    normal noise of sd test_return_std x sqrt(1/N - 1/M), drawn with --noise-seed (0: as recorded)"""
+    noise_seed: int = 0
+    """the seed of --test-episodes' draws"""
 
 
 def cmd_efficiency(args):
@@ -70,8 +76,19 @@ def cmd_efficiency(args):
         fail(f"--tested-every must be at least 1, got {args.tested_every}")
     name = LABELS.get(args.label, args.label)
 
-    def prepare(runs):
+    def noisy(rows, env_id, lb, s):  # the test returns of rows as if tested on args.test_episodes episodes
+        with open(os.path.join(args.runs, f"{env_id}__{lb}__{s}", "config.json")) as f:
+            m = json.load(f)["eval_episodes"]
+        if args.test_episodes >= m:
+            fail(f"--test-episodes {args.test_episodes} must be below the runs' own {m} test episodes")
+        rng = np.random.default_rng([args.noise_seed, int(s), zlib.crc32(lb.encode())])
+        sd = np.array([r["test_return_std"] for r in rows]) * math.sqrt(1 / args.test_episodes - 1 / m)
+        return [{**r, "test_return_mean": r["test_return_mean"] + e} for r, e in zip(rows, rng.normal(0, sd))]
+
+    def prepare(runs, env_id):
         n, every = args.rounds or None, args.tested_every
+        if args.test_episodes:
+            runs = {lb: {s: noisy(rows, env_id, lb, s) for s, rows in r.items()} for lb, r in runs.items()}
         return {lb: {s: [row if (row["round"] + 1) % every == 0 else {**row, "test_return_mean": math.nan}
                          for row in rows[:n]] for s, rows in r.items()} for lb, r in runs.items()}
 

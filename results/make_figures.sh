@@ -130,6 +130,13 @@ for e in FrozenLake-v1=50=3 Acrobot-v1=50=3 MiniGrid-Empty-8x8-v0=40=3 highway-v
 done
 python analysis.py efficiency --runs results/runs --env $envs > $F/efficiency_all.md
 python research/analysis_variants.py paper --runs results/runs --env $envs > $F/paper_fig6b.md  # t-intervals, Welch
+{ echo "FrozenLake-v1's Fig. 6(b) row as if tested on fewer episodes than its 1000 (5 draws each; the last: as recorded)"
+  for n in 200 100; do for seed in 0 1 2 3 4; do
+    echo "$n episodes, draw $seed: $(python research/analysis_variants.py efficiency --runs results/runs --env FrozenLake-v1 \
+      --test-episodes $n --noise-seed $seed | sed -n 5p)"
+  done; done
+  echo "1000 episodes, as recorded: $(python analysis.py efficiency --runs results/runs --env FrozenLake-v1 | sed -n 5p)"
+} > $F/efficiency_test_noise.md
 python analysis.py efficiency --runs results/runs --env $envs --label random > $F/efficiency_random_all.md
 bash results/null_efficiency.sh $null > $F/efficiency_null.md  # the noise floor
 if [ -f results/backends/highway-v0__influence-gymnasium__1/metrics.csv ]; then  # bash results/backends.sh

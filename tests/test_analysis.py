@@ -495,3 +495,32 @@ def test_paper_table_says_a_verdict_only_where_the_interval_or_test_allows(tmp_p
         x = [100 * (1 / 2 + 1 / 3 + 1 / 4) / 4] * 2 + [100 * (1 / 3 + 1 / 4) / 4]
         assert cells[2] == "3" and cells[4] == "ahead" and cells[7] == word, row
         assert cells[6] == f"{analysis_variants.welch(x, *paper):.3f}"
+
+
+def test_efficiency_as_if_tested_on_fewer_episodes(tmp_path):
+    """--test-episodes adds normal noise of sd test_return_std x sqrt(1/N - 1/M), M the run's own test episodes:
+    none where the std is 0, the same draws for the same --noise-seed, and N >= M refused"""
+    def write(std):
+        for label, seed, returns in (("none", 1, [1, 2, 3, 4]), ("influence", 1, [1.5, 2.5, 3.5, 4.5]),
+                                     ("none", 2, [1, 2, 3, 4]), ("influence", 2, [2.5, 2.5, 3.5, 4.5])):
+            run = tmp_path / str(std) / f"E__{label}__{seed}"
+            write_run(tmp_path / str(std), label, seed, returns)
+            with open(run / "metrics.csv") as f:
+                rows = list(csv.DictReader(f))
+            with open(run / "metrics.csv", "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=iif.METRICS)
+                w.writeheader()
+                w.writerows({**r, "test_return_std": std} for r in rows)
+            with open(run / "config.json", "w") as f:
+                json.dump({"eval_episodes": 100}, f)
+        return ("analysis_variants.py", "efficiency", "--runs", str(tmp_path / str(std)), "--env", "E")
+
+    def table(*cmd):
+        return [line for line in sh(*cmd).splitlines() if line.startswith("| E |")]
+    cmd = write(0.0)
+    assert table(*cmd, "--test-episodes", "2") == table(*cmd)  # no spread, no noise
+    cmd = write(3.0)  # sd 3 x sqrt(1/2 - 1/100) = 2.1: the levels reorder
+    noisy = [table(*cmd, "--test-episodes", "2", "--noise-seed", str(k)) for k in (0, 0, 1, 2)]
+    assert noisy[0] == noisy[1] and noisy[0] != table(*cmd) and len({str(t) for t in noisy[1:]}) > 1
+    with pytest.raises(SystemExit, match="--test-episodes 100 must be below the runs' own 100"):
+        sh(*cmd, "--test-episodes", "100")
