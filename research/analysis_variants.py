@@ -850,7 +850,9 @@ class Paper:
     runs: str = "results/runs"
     """folder of <env>__<label>__<seed> runs"""
     label: str = "influence"
-    """label compared with standard PPO ('none')"""
+    """label compared with standard PPO"""
+    baseline: str = "none"
+    """standard PPO's label (results/held_step.py's runs: standard)"""
 
 
 def welch(x, mean, std, n=3):
@@ -869,13 +871,14 @@ def cmd_paper(args):
     print("|---|---|---|---|---|---|---|---|")
     for env_id in args.env:
         runs = load_runs(args.runs, env_id)
-        seeds = sorted(set(runs.get("none", {})) & set(runs.get(args.label, {})))
-        n = max((len(runs[lb][s]) for lb in ("none", args.label) for s in seeds), default=0)
-        seeds = [s for s in seeds if min(len(runs["none"][s]), len(runs[args.label][s])) == n]
+        std = runs.get(args.baseline, {})
+        seeds = sorted(set(std) & set(runs.get(args.label, {})))
+        n = max((len(r[s]) for r in (std, runs.get(args.label, {})) for s in seeds), default=0)
+        seeds = [s for s in seeds if min(len(std[s]), len(runs[args.label][s])) == n]
         if len(seeds) < 2:
             print(f"| {env_id} | - | {len(seeds)} | fewer than 2 finished seeds with both runs | | | | |")
             continue
-        res = {r: [efficiency(runs["none"][s], runs[args.label][s], r) for s in seeds] for r in ("records", "even")}
+        res = {r: [efficiency(std[s], runs[args.label][s], r) for s in seeds] for r in ("records", "even")}
         paper = PAPER_FIG6B.get(env_id)
         for measure, key, reading, ref in [("SE_ave, records", "se_ave", "records", 0), ("SE_ave, even", "se_ave",
                                            "even", 0), ("SE_peak", "se_peak", "records", 1),
