@@ -880,8 +880,9 @@ def cmd_paper(args):
             continue
         res = {r: [efficiency(std[s], runs[args.label][s], r) for s in seeds] for r in ("records", "even")}
         paper = PAPER_FIG6B.get(env_id)
-        for measure, key, reading, ref in [("SE_ave, records", "se_ave", "records", 0), ("SE_ave, even", "se_ave",
-                                           "even", 0), ("SE_peak", "se_peak", "records", 1),
+        for measure, key, reading, ref in [("SE_ave, records", "se_ave", "records", 0),  # ref: PAPER_FIG6B's
+                                           ("SE_ave, even", "se_ave", "even", 0),
+                                           ("SE_peak", "se_peak", "records", 1),
                                            ("RT_peak", "rt_peak", "records", 2)]:
             x = 100 * np.array([r[key] for r in res[reading]])
             mean, lo, hi = mean_t(x)
