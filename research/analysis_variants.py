@@ -821,6 +821,11 @@ def mean_t(x):
     return float(x.mean()), float(x.mean() - h), float(x.mean() + h)
 
 
+def ahead_or_behind(lo, hi):
+    """The one rule's verdict word: ahead or behind only where the 95 % interval excludes 0"""
+    return "ahead" if lo > 0 else "behind" if hi < 0 else "not detected"
+
+
 def t_interval(x, fmt):
     """mean_t's interval, formatted"""
     _, lo, hi = mean_t(x)
@@ -887,7 +892,7 @@ def cmd_paper(args):
             x = 100 * np.array([r[key] for r in res[reading]])
             mean, lo, hi = mean_t(x)
             _, blo, bhi = mean_ci(x)
-            vs_std = "ahead" if lo > 0 else "behind" if hi < 0 else "not detected"
+            vs_std = ahead_or_behind(lo, hi)
             if paper:
                 pm, ps = paper[ref]
                 p = welch(x, pm, ps)

@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "research"))  # analysis_variants.py
 from analysis import fmt_ci, load_runs, plt, smooth  # noqa: E402
-from analysis_variants import mean_t  # noqa: E402
+from analysis_variants import ahead_or_behind, mean_t  # noqa: E402
 
 TASKS = [("grpo-filters-add", "2-digit addition, reward 1 or 0 (exact checker)", "eval_accuracy",
           "test accuracy"),
@@ -96,13 +96,13 @@ def table(prefix, title, metric, metric_name, runs):
     print("|---|---|---|---|")
     for lb in labels[1:]:
         cells = []
-        for k, sign in (("final", 1), ("test", -1 if lower else 1)):
+        for k, flip in (("final", False), ("test", lower)):
             d = [stats[lb][s][k] - stats["none"][s][k] for s in stats[lb]]
             if len(d) < 2:
                 cells.append("-")
                 continue
             mean, lo, hi = mean_t(d)
-            word = "not detected" if lo <= 0 <= hi else "ahead" if sign * mean > 0 else "behind"
+            word = ahead_or_behind(-hi, -lo) if flip else ahead_or_behind(lo, hi)
             cells.append(f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] {word}")
         print(f"| {NAMES[lb]} | {len(stats[lb])} | {' | '.join(cells)} |")
     print("\nSeconds per generation batch, mean over batches and seeds (the machine's load changed while the "

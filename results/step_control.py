@@ -151,7 +151,7 @@ def kl(runs, last):
 
 def stage_table(envs):
     import analysis
-    from analysis_variants import mean_t
+    from analysis_variants import ahead_or_behind, mean_t
     runs, choice = os.path.join(OUT, "runs"), picked()
     paired = []  # (env, multiple, {measure: per-seed differences, the larger step's minus IIF's})
     print("Standard PPO at IIF's step size, against standard PPO: means over seeds [95 % bootstrap interval]; "
@@ -209,8 +209,7 @@ def stage_table(envs):
         for i, d in enumerate(diffs):
             mean, lo, hi = mean_t(d)
             f = fmt if i == 3 else ".1f"
-            word = "ahead" if lo > 0 else "behind" if hi < 0 else "not detected"
-            cells.append(f"{mean:+{f}} [{lo:+{f}}, {hi:+{f}}] {word}")
+            cells.append(f"{mean:+{f}} [{lo:+{f}}, {hi:+{f}}] {ahead_or_behind(lo, hi)}")
         print(f"| {env_id} | {m:g} | {len(diffs[0])} | {' | '.join(cells)} |")
 
 
