@@ -22,6 +22,7 @@ grpo_rerun_check.py checks both files against the single file they were split fr
 """
 import copy
 import dataclasses
+import json
 import os
 import re
 from collections import defaultdict
@@ -31,6 +32,7 @@ from typing import Literal, Optional
 import numpy as np
 import torch
 import tyro
+from trl.trainer.utils import use_adapter
 
 import grpo_iif
 from grpo_iif import fail, load_rows, timer
@@ -199,10 +201,11 @@ def load_evaluation(args, tokenizer):
 def sample(model, queries, tokenizer, args, rank=0, synced=False, bs=64):
     """Continuations of the token-id queries, sampled from pi_theta itself as in training, each up
     to its first EOS; a fixed seed per process, training's random state untouched. Under FSDP or
-    DeepSpeed every process keeps stepping until all have finished (synced_gpus)."""
+    DeepSpeed every process keeps stepping until all have finished (synced_gpus). Returns the
+    texts and the completions' token ids, EOS included (TRL's completion mask)."""
     device = next(model.parameters()).device
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    texts = []
+    texts, completions = [], []
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(args.seed + 10_000 + rank)
         for i in range(0, len(queries), bs):
@@ -220,7 +223,20 @@ def sample(model, queries, tokenizer, args, rank=0, synced=False, bs=64):
             ends = torch.where(is_eos.any(1), is_eos.int().argmax(1), out.shape[1])
             texts += [tokenizer.decode(r[:n], skip_special_tokens=True)
                       for r, n in zip(out, ends.tolist())]
-    return texts
+            completions += [r[:n + 1].tolist() for r, n in zip(out, ends.tolist())]
+    return texts, completions
+
+
+def next_token_logprobs(model, b, args):
+    """log pi(. | x, y_<t) over the vocabulary at every completion position of the left-padded
+    prompts and right-padded completions b, the positions counting real tokens only, as generate
+    counts them (TRL's forward counts the padding too, which shifts a padded row's positions)"""
+    ids = torch.cat([b["prompt_ids"], b["completion_ids"]], 1)
+    attn = torch.cat([b["prompt_mask"], b["completion_mask"]], 1)
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=args.dtype == "bfloat16"):
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(
+            min=0), logits_to_keep=b["completion_ids"].shape[1] + 1).logits
+    return torch.log_softmax(grpo_iif.up(logits[:, :-1]), -1)
 
 
 # ---- The trainer: the cheap filters, the validation target, the test accuracy, checkpoints ----
@@ -329,16 +345,68 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
 
     def test_metric(self):
         """The mean score of sampled continuations of the test prompts: the test toxicity, or the
-        test accuracy (temperature 1: a pass@1 estimate). Every process samples an equal share
-        (the last prompt repeated to even them out, and left out of the mean) with its own seed."""
-        acc = self.accelerator
+        test accuracy (temperature 1: a pass@1 estimate)"""
+        return self.test_samples()[0].mean().item()
+
+    def test_samples(self, final=False):
+        """The test metric of one sampled continuation of each test prompt and, with final, its KL
+        to the reference and its training reward. Every process samples an equal share (the last
+        prompt repeated to even them out, and left out) with its own seed: the final policy's
+        samples are those of its last test metric."""
+        acc, tok = self.accelerator, self.processing_class
         queries, refs, score = self.evaluation
         n = -(-len(queries) // acc.num_processes)
         mine = slice(acc.process_index * n, (acc.process_index + 1) * n)
-        texts = sample(acc.unwrap_model(self.model), (queries + queries[-1:] * n)[mine],
-                       self.processing_class, self.iif_args, acc.process_index, self.sharded)
-        values = score(texts, (refs + refs[-1:] * n)[mine])
-        return acc.gather(values.to(acc.device))[:len(queries)].mean().item()
+        queries, refs = (queries + queries[-1:] * n)[mine], (refs + refs[-1:] * n)[mine]
+        model = acc.unwrap_model(self.model)
+        texts, completions = sample(model, queries, tok, self.iif_args, acc.process_index,
+                                    self.sharded)
+        values = [score(texts, refs)]
+        if final:
+            values += [self.kl_to_reference(model, queries, completions), torch.tensor(
+                self.reward_funcs[0](prompts=tok.batch_decode(queries, skip_special_tokens=True),
+                                     completions=texts, answer=refs), dtype=torch.float)]
+        return [acc.gather(v.float().to(acc.device))[:len(self.evaluation[0])].cpu()
+                for v in values]
+
+    @torch.no_grad()
+    def kl_to_reference(self, model, queries, completions):
+        """Each completion's sum over its tokens (EOS included) of KL(pi_theta || pi_ref) of the
+        next token's distribution: unbiased for the KL of whole completions of its prompt, and
+        never negative (rlhf_iif.py sums log pi_theta - log pi_ref of the sampled tokens, an
+        unbiased estimate too, but noisier). pi_ref is TRL's reference, the policy with its LoRA
+        adapter off, or ref_model; nan without one (--beta 0 --no-lora)."""
+        if self.ref_model is None and not hasattr(model, "peft_config"):
+            return torch.full((len(queries),), float("nan"))
+        pad, kl, bs = self.processing_class.pad_token_id, [], self.iif_args.forward_batch_size
+        for i in range(0, len(queries), bs):
+            q, c = queries[i:i + bs], completions[i:i + bs]
+            P, C = max(map(len, q)), max(map(len, c))
+            b = {"prompt_ids": [[pad] * (P - len(x)) + x for x in q],  # left-padded, as TRL pads
+                 "prompt_mask": [[0] * (P - len(x)) + [1] * len(x) for x in q],
+                 "completion_ids": [y + [pad] * (C - len(y)) for y in c],  # right-padded
+                 "completion_mask": [[1] * len(y) + [0] * (C - len(y)) for y in c]}
+            b = {k: torch.tensor(v, device=self.accelerator.device) for k, v in b.items()}
+            logp = next_token_logprobs(model, b, self.iif_args)
+            if self.ref_model is not None:
+                ref = next_token_logprobs(self.ref_model, b, self.iif_args)
+            else:
+                with use_adapter(model, "ref" if "ref" in model.peft_config else None):
+                    ref = next_token_logprobs(model, b, self.iif_args)
+            per_token = (logp.exp() * (logp - ref)).sum(-1)  # KL of the next token's distribution
+            kl.append((per_token * b["completion_mask"]).sum(1).double().cpu())
+        return torch.cat(kl)
+
+    def final_test(self):
+        """final.json, where a reward-KL frontier reads the final policy (analysis_variants.py
+        frontier): on the test prompts, its KL to the reference, training reward and test metric,
+        each a mean with its standard error"""
+        metric, kl, reward = self.test_samples(final=True)
+        n, key = len(kl), "final_" + self.test_column[5:]
+        final = {"n_test": n}
+        for name, v in (("final_kl", kl), ("final_reward", reward), (key, metric)):
+            final[name], final[name + "_se"] = v.mean().item(), (v.std() / n ** 0.5).item()
+        return final
 
     def train(self, **kw):
         return super().train(resume_from_checkpoint=self.iif_args.resume_from_checkpoint, **kw)
@@ -376,7 +444,17 @@ def make_trainer(args, dtype=None):
 
 
 def main(args, dtype=None):
-    return grpo_iif.main(args, make_trainer(args, dtype))
+    trainer = grpo_iif.main(args, make_trainer(args, dtype))
+    if trainer.evaluation:
+        final = trainer.final_test()
+        if trainer.accelerator.is_main_process:
+            with open(os.path.join(args.runs_dir, args.run_name, "final.json"), "w") as f:
+                json.dump(final, f, indent=1)
+            print("final policy on {n_test} test prompts: KL to the reference {final_kl:.3f} +- "
+                  "{final_kl_se:.3f} (s.e.), reward {final_reward:.3f} +- "
+                  "{final_reward_se:.3f}, ".format(**final) + trainer.test_column[5:]
+                  + f" {final['final_' + trainer.test_column[5:]]:.3f}", flush=True)
+    return trainer
 
 
 def resolve_args(args):

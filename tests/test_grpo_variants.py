@@ -1,5 +1,6 @@
 """grpo_variants.py: the cheap filters (DAPO, PODS, CPPO), I-PPO's validation target, the verifiable task
 (--reward-fn exact-answer) and TRL's checkpoints, on the tiny task of tests/conftest.py (offline)."""
+import json
 import os
 import shutil
 import subprocess
@@ -46,6 +47,32 @@ def test_test_toxicity_every_n_and_after_the_last_leaves_training_unchanged(runs
     assert float(rows[0]["t_eval"]) == 0
     assert [{k: r[k] for k in core[0] if not k.startswith("t_")} for r in rows[:2]] == [
         {k: r[k] for k in r if not k.startswith("t_")} for r in core]
+
+
+def test_final_json_reads_the_final_policy_on_the_last_tests_samples(toy, tmp_path):
+    """final.json: on the test prompts, the samples of the last test metric (the same toxicity), their
+    training reward, and the KL to the reference: each completion's per-token KL summed, recomputed here one
+    prompt at a time (no padding) with peft's own switch for the adapter; 0 only if the policy never moved"""
+    torch.manual_seed(0)
+    trainer = grpo_variants.main(parse(toy, tmp_path, "--filter-method", "none", "--eval-every", "4",
+                                       "--max-steps", "4", "--learning-rate", "1e-2", script=grpo_variants))
+    with open(tmp_path / "r" / "final.json") as f:
+        final = json.load(f)
+    assert final["n_test"] == 4 and final["final_toxicity"] == float(read_rows(tmp_path / "r")[-1]["eval_toxicity"])
+    model, tok, args = trainer.accelerator.unwrap_model(trainer.model), trainer.processing_class, trainer.iif_args
+    queries = trainer.evaluation[0]
+    texts, completions = grpo_variants.sample(model, queries, tok, args)
+    rewards = trainer.reward_funcs[0](prompts=tok.batch_decode(queries), completions=texts)
+    assert final["final_reward"] == pytest.approx(sum(rewards) / 4, rel=1e-6)
+    kl = []
+    with torch.no_grad():
+        for q, c in zip(queries, completions):
+            ids = torch.tensor([q + c])
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, len(q) - 1:-1].double(), -1)
+            with model.disable_adapter():
+                ref = torch.log_softmax(model(input_ids=ids).logits[0, len(q) - 1:-1].double(), -1)
+            kl.append((logp.exp() * (logp - ref)).sum().item())
+    assert min(kl) > 0 and final["final_kl"] == pytest.approx(sum(kl) / 4, rel=1e-4)
 
 
 def test_validation_target_scores_the_batch_against_held_out_completions(toy, tmp_path):
