@@ -676,9 +676,9 @@ def cmd_counterfactual(args):
 
 IPPO_LABELS = {"sft": "SFT policy (not trained)", "none": "PPO", "influence": "IIF (f_seq)",
                "i-ppo": "I-PPO", "i-ppo-noreweight": "I-PPO, no reweighting",
-               "i-ppo-v16": "I-PPO, 16 reference answers"}
+               "i-ppo-v16": "I-PPO, 16 reference answers", "random": "random dropping"}
 IPPO_COLORS = {"sft": "black", "none": "tab:blue", "influence": "tab:red", "i-ppo": "tab:green",
-               "i-ppo-noreweight": "tab:olive", "i-ppo-v16": "tab:cyan"}
+               "i-ppo-noreweight": "tab:olive", "i-ppo-v16": "tab:cyan", "random": "tab:gray"}
 ROUND_TIME = ("t_generate", "t_forward", "t_influence", "t_optim")
 
 
@@ -914,7 +914,7 @@ class Frontier:
     runs: str = "results/frontier/runs"
     """folder of <env>__<label>-b<beta>__<seed> runs"""
     env: tuple[str, ...] = ("ippo-detox", "ippo-cot")
-    """the runs' name prefixes, one per task"""
+    """the runs' name prefixes, one per task (grpo-<task>: results/grpo_frontier.sh's, GRPO in place of PPO)"""
     resamples: int = 2000
     """bootstrap resamples of the seeds of every point"""
     seeds: tuple[str, ...] = ()
@@ -952,10 +952,10 @@ def frontier_points(runs_dir, env, seeds, metrics):
     return points, missing
 
 
-def frontier_name(method):
-    """IPPO_LABELS' name, with the value coefficient of a <label>-vf<coef> run"""
+def frontier_name(method, learner="PPO"):
+    """IPPO_LABELS' name (learner for none), with the value coefficient of a <label>-vf<coef> run"""
     base, vf, horizon = label_parts(method)
-    return IPPO_LABELS[base] + (f", value coefficient {vf}" if vf else "") + (
+    return (learner if base == "none" else IPPO_LABELS[base]) + (f", value coefficient {vf}" if vf else "") + (
         f", KL horizon {horizon}" if horizon else "")
 
 
@@ -1062,16 +1062,19 @@ def cmd_frontier(args):
         runs = {lb: {s: rows for s, rows in seeds.items() if not args.seeds or s in args.seeds}
                 for lb, seeds in load_runs(args.runs, env).items()}
         runs = {lb: seeds for lb, seeds in runs.items() if seeds}
-        first = next(iter(next(iter(runs.values())).values()))[0]
-        cot = not np.isnan(first.get("eval_accuracy", np.nan))
-        tests = ["final_accuracy", "final_unfaithful"] if cot else ["final_toxicity"]
-        metrics = ["final_reward", *tests]
+        learner = "GRPO" if env.startswith("grpo") else "PPO"
+        metrics = ["final_reward"]
+        for path in sorted(glob.glob(os.path.join(args.runs, f"{env}__*__*", "final.json")))[:1]:
+            with open(path) as f:  # the task's test metrics, in FRONTIER_METRICS' order
+                final = json.load(f)
+            metrics = [m for m in FRONTIER_METRICS if m in final]
+        name_of = functools.partial(frontier_name, learner=learner)
         points, missing = frontier_points(args.runs, env, runs, ["final_kl", *metrics])
         if missing:
             print(f"{env}: {len(missing)} run(s) without final.json (unfinished, or made before the final test), "
                   f"left out: {', '.join(missing)}")
         if "none" not in points:
-            fail(f"{env}: no PPO (none-b<beta>) run with a final.json under {args.runs}")
+            fail(f"{env}: no {learner} (none-b<beta>) run with a final.json under {args.runs}")
         print(f"\n{env}: the final policies on the test prompts (final.json): mean [95 % t-interval] over seeds\n")
         print("| method | beta | seeds | KL to the reference | " + " | ".join(FRONTIER_METRICS[m] for m in metrics)
               + " |")
@@ -1079,14 +1082,14 @@ def cmd_frontier(args):
         methods = sorted(points, key=lambda m: (list(IPPO_LABELS).index(label_parts(m)[0]), m))
         for m in methods:
             for beta, p in sorted(points[m].items()):
-                print(f"| {frontier_name(m)} | {beta:g} | {len(p['final_kl'])} | "
+                print(f"| {name_of(m)} | {beta:g} | {len(p['final_kl'])} | "
                       f"{np.mean(p['final_kl']):.3g} {t_interval(p['final_kl'], '.3g')} | "
                       + " | ".join(f"{np.nanmean(p[k]):.3f} {t_interval(p[k], '.3f')}" for k in metrics) + " |")
         for base in args.baseline:
             if base not in points:
                 print(f"\n{env}: no {base}-b<beta> runs to compare with")
                 continue
-            name = frontier_name(base)
+            name = name_of(base)
             fronts = {k: envelope([(np.mean(p["final_kl"]), np.nanmean(p[k])) for p in points[base].values()],
                                   k in LOWER_IS_BETTER) for k in metrics}
             print(f"\n{env}: {name}'s frontier, the upper envelope of its points (lower for toxicity and the "
@@ -1112,7 +1115,7 @@ def cmd_frontier(args):
                         rows[r[0]][k] = r
                 for beta, cells in sorted(rows.items()):
                     kl = next(iter(cells.values()))[1]
-                    print(f"| {frontier_name(m)} | {beta:g} | {kl:.3g} | " + " | ".join(
+                    print(f"| {name_of(m)} | {beta:g} | {kl:.3g} | " + " | ".join(
                         f"{c[2]:+.3f} [{c[3]:+.3f}, {c[4]:+.3f}] ({c[5]:+.3f}, {c[6]:+.3f}; {c[7]:.0%} outside)"
                         if (c := cells.get(k)) else "outside" for k in metrics) + " |")
             print(f"\n{env}: verdicts against {name}'s frontier at equal KL (ahead or behind: every compared "
@@ -1121,7 +1124,7 @@ def cmd_frontier(args):
             print("| method | " + " | ".join(FRONTIER_METRICS[m] for m in metrics) + " |")
             print("|---|" + "---|" * len(metrics))
             for m, v in verdicts.items():
-                print(f"| {frontier_name(m)} | " + " | ".join(v.values()) + " |")
+                print(f"| {name_of(m)} | " + " | ".join(v.values()) + " |")
         for a, metric in zip(ax, metrics):
             for m in methods:
                 pts = sorted(points[m].items())
@@ -1131,7 +1134,7 @@ def cmd_frontier(args):
                 style = "--" if label_parts(m)[1] else ":" if label_parts(m)[2] else "-"
                 a.errorbar(kl, y, xerr=[np.std(p["final_kl"]) for _, p in pts],
                            yerr=[np.nanstd(p[metric]) for _, p in pts], color=color, linestyle="none", marker="o",
-                           markersize=3, capsize=2, label=frontier_name(m))
+                           markersize=3, capsize=2, label=name_of(m))
                 if m in args.baseline:
                     a.plot(*zip(*envelope(list(zip(kl, y)), metric in LOWER_IS_BETTER)), color=color,
                            linestyle=style)
@@ -1139,8 +1142,8 @@ def cmd_frontier(args):
                     a.annotate(f"{beta:g}", (x, yy), fontsize=6, xytext=(2, 2), textcoords="offset points")
             a.set(xscale="log", xlabel="final policy's KL to the reference", title=f"{env}: {FRONTIER_METRICS[metric]}")
         ax[0].legend(fontsize=7)
-        if len(tests) == 1:
-            ax[2].axis("off")
+        for a in ax[len(metrics):]:
+            a.axis("off")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     print(f"\nwrote {args.out} (points: mean over seeds, bars: std over seeds, labels: beta; lines: the baselines' "

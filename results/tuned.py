@@ -31,7 +31,7 @@ import step_control as sc  # noqa: E402
 RUNS = os.path.join(sc.ROOT, "results", "tuned", "runs")
 METHODS = ("none", "influence")
 BASE = (1, 3, 10)
-LADDER = (0.1, 0.3, 1, 3, 5, 10, 20, 30, 100)
+LADDER = (0.1, 0.3, 1, 3, 5, 10, 20, 30, 100, 300, 1000)
 
 
 def label(method, m):

@@ -327,6 +327,26 @@ def test_frontier_reads_ppos_upper_envelope_at_equal_final_kl(tmp_path):
         "0.01 at KL 0.5 (1 point) |" in out
 
 
+def test_frontier_reads_grpo_runs_by_the_metrics_of_their_final_json(tmp_path):
+    """results/grpo_frontier.sh's runs: GRPO in PPO's place, and the test metric their final.json has"""
+    def write(label, beta, seed, kl, accuracy):
+        d = tmp_path / f"grpo-add__{label}-b{beta}__{seed}"
+        d.mkdir()
+        (d / "metrics.csv").write_text("round,reward_mean,eval_accuracy\n0,0,\n")
+        (d / "final.json").write_text(json.dumps(dict(n_test=400, final_kl=kl, final_reward=accuracy,
+                                                      final_accuracy=accuracy)))
+    for seed in (1, 2, 3):
+        write("none", 0.01, seed, 4.0, 0.6)
+        write("none", 0.16, seed, 1.0, 0.5)
+        write("random", 0.04, seed, 2.0, (0.44, 0.45, 0.46)[seed - 1])  # GRPO's frontier reads 0.55 at KL 2
+    out = sh("analysis_variants.py", "frontier", "--runs", str(tmp_path), "--env", "grpo-add", "--resamples", "50",
+             "--out", str(tmp_path / "f.png"))
+    assert "| method | beta | seeds | KL to the reference | reward | test accuracy |" in out
+    h = scipy.stats.t.ppf(0.975, 2) * 0.01 / math.sqrt(3)
+    assert f"| random dropping | 0.04 | 2 | -0.100 [{-0.1 - h:+.3f}, {-0.1 + h:+.3f}]" in out
+    assert "| random dropping | behind GRPO at KL 2 (1 point) | behind GRPO at KL 2 (1 point) |" in out
+
+
 @pytest.fixture
 def one_thread():
     """torch on one thread, as iif.py and analysis.py run it"""
