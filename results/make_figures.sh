@@ -166,6 +166,7 @@ fi
 if [ -d results/runs/MiniGrid-Empty-8x8-v0__none__1/rounds ]; then
   python research/analysis_variants.py counterfactual --run results/runs/MiniGrid-Empty-8x8-v0__none__1 --rounds 0 10 20 25 35 --subsets 50 --out $F/counterfactual_minigrid.png > $F/counterfactual_minigrid.md
 fi
+python results/counterfactual_lds.py > $F/counterfactual_lds.md  # the three printouts above, under the one rule
 # environments outside the paper (docs/results.md): the runs of results/generic.sh
 GE="CartPole-v1 Pendulum-v1 MiniGrid-DoorKey-5x5-v0 LunarLanderContinuous-v3"
 GC="CartPole-v1=30 Pendulum-v1=50 MiniGrid-DoorKey-5x5-v0=30 LunarLanderContinuous-v3=50"

@@ -1,0 +1,56 @@
+"""The LDS check of docs/counterfactual.md under the one rule of the verdict tables: per environment and
+scorer, the mean LDS over the checked rounds with its 95 % t-interval (the rounds of one run as the sample),
+and each scorer minus random scores paired by round, with the verdict word only where its interval excludes 0.
+It reads the committed printouts of `research/analysis_variants.py counterfactual` (results/make_figures.sh):
+
+    python results/counterfactual_lds.py > results/figures/counterfactual_lds.md
+"""
+import os
+import re
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "research"))
+from analysis_variants import ahead_or_behind, mean_t  # noqa: E402
+
+WORDS = {"ahead": "above random", "behind": "below random"}
+FIGURES = os.path.join(ROOT, "results", "figures")
+ENVS = {"FrozenLake-v1": "counterfactual_frozenlake.md", "Acrobot-v1": "counterfactual_acrobot.md",
+        "MiniGrid-Empty-8x8-v0": "counterfactual_minigrid.md"}
+
+
+def read(path):
+    """{scorer: {round: (LDS on f_return, LDS on the test return or None)}} of a printout's first table"""
+    out = {}
+    for line in open(path):
+        m = re.fullmatch(r"\| (\w+) \| (\d+) \| ([+-][\d.]+) \|(?: ([+-][\d.]+) \|)?\n", line)
+        if m:
+            out.setdefault(m[1], {})[int(m[2])] = (float(m[3]), None if m[4] is None else float(m[4]))
+    return out
+
+
+def cell(x):
+    mean, lo, hi = mean_t(x)
+    return f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+
+print(__doc__.split("\n\n")[0].replace("\n", " ") + "\n")
+print("| env | outcome | scorer | rounds | mean LDS | minus random, paired by round | |")
+print("|---|---|---|---|---|---|---|")
+for env, name in ENVS.items():
+    lds = read(os.path.join(FIGURES, name))
+    for col, outcome in ((0, "f_return"), (1, "test return")):
+        for scorer, rounds in lds.items():
+            x = np.array([v[col] for v in rounds.values() if v[col] is not None])
+            if not len(x):
+                continue
+            row = f"| {env} | {outcome} | {scorer} | {len(x)} | {cell(x)} |"
+            if scorer == "random":
+                print(row + " - | |")
+                continue
+            d = x - np.array([lds["random"][k][col] for k in rounds])
+            _, lo, hi = mean_t(d)
+            print(row + f" {cell(d)} | {WORDS.get(ahead_or_behind(lo, hi), 'not detected')} |")
