@@ -151,6 +151,11 @@ fi
 if [ -f results/runs/grpo-filters-detox__i-ppo__5/metrics.csv ]; then  # bash results/grpo_filters.sh
   python results/grpo_filters.py > $F/grpo_filters.md
 fi
+if [ -f results/frontier/runs/grpo-add__random-b0.64__5/final.json ]; then  # bash results/grpo_frontier.sh
+  python research/analysis_variants.py frontier --runs results/frontier/runs --env grpo-detox grpo-add \
+    --out $F/grpo_frontier.png > $F/grpo_frontier.md
+  python results/grpo_frontier_check.py > $F/grpo_frontier_check.md
+fi
 for g in grpo-toy-mu4 grpo-toy-mu4-clock; do  # ITERS=4 bash results/grpo_toy.sh, with CLOCK=1 (docs/grpo.md)
   if [ -f results/runs/${g}__influence__3/metrics.csv ]; then
     python analysis.py rlhf --runs results/runs --env $g --out $F/${g//-/_}.png > $F/${g//-/_}.md
