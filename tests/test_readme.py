@@ -183,7 +183,7 @@ def test_figures_that_name_their_printout_agree_with_it():
     assert line in read("results/figures/readme_run.txt").splitlines()
     section = results[results.index("## Fig. 6(b), ours against the paper"):]
     table = [row for row in section[:section.index("\n## ")].splitlines() if row.startswith("| ") and "ours" in row]
-    fig6b = cells(read("results/figures/efficiency_all.md"))
-    assert len(table) == 4 and all(c in fig6b for row in table for c in cells(row)), table
+    fig6b = cells(read("results/figures/paper_fig6b.md") + read("results/figures/paper_fig6b_protocol.md"))
+    assert len(table) == 5 and all(c in fig6b for row in table for c in cells(row)), table
     claims = cells(readme[readme.index("## What holds"):])
     assert claims and claims <= printouts(), claims - printouts()
