@@ -908,9 +908,10 @@ def cmd_paper(args):
 
 @dataclass
 class Frontier:
-    """rlhf_variants.py's runs at a sweep of the KL penalty beta (results/frontier.sh): each method's final policy
-    (final.json: its reward and test metric on the test prompts, and its KL to the reference on the same samples)
-    against PPO's frontier, the upper envelope of PPO's points"""
+    """rlhf_variants.py's runs at a sweep of the KL penalty beta (results/frontier.sh), or grpo_variants.py's
+    (results/grpo_frontier.sh): each method's final policy (final.json: its reward and test metric on the test
+    prompts, and its KL to the reference on the same samples) against PPO's (GRPO's) frontier, the upper envelope
+    of its points"""
     runs: str = "results/frontier/runs"
     """folder of <env>__<label>-b<beta>__<seed> runs"""
     env: tuple[str, ...] = ("ippo-detox", "ippo-cot")
