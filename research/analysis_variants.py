@@ -821,9 +821,9 @@ def mean_t(x):
     return float(x.mean()), float(x.mean() - h), float(x.mean() + h)
 
 
-def ahead_or_behind(lo, hi):
-    """The one rule's verdict word: ahead or behind only where the 95 % interval excludes 0"""
-    return "ahead" if lo > 0 else "behind" if hi < 0 else "not detected"
+def ahead_or_behind(lo, hi, above="ahead", below="behind"):
+    """The one rule's verdict word: ahead (above 0) or behind only where the 95 % interval excludes 0"""
+    return above if lo > 0 else below if hi < 0 else "not detected"
 
 
 def t_interval(x, fmt):
@@ -1064,11 +1064,12 @@ def cmd_frontier(args):
                 for lb, seeds in load_runs(args.runs, env).items()}
         runs = {lb: seeds for lb, seeds in runs.items() if seeds}
         learner = "GRPO" if env.startswith("grpo") else "PPO"
-        metrics = ["final_reward"]
-        for path in sorted(glob.glob(os.path.join(args.runs, f"{env}__*__*", "final.json")))[:1]:
-            with open(path) as f:  # the task's test metrics, in FRONTIER_METRICS' order
-                final = json.load(f)
-            metrics = [m for m in FRONTIER_METRICS if m in final]
+        finals = sorted(glob.glob(os.path.join(args.runs, f"{env}__*__*", "final.json")))
+        if not finals:
+            fail(f"{env}: no {learner} (none-b<beta>) run with a final.json under {args.runs}")
+        with open(finals[0]) as f:
+            final = json.load(f)
+        metrics = [m for m in FRONTIER_METRICS if m in final]  # the task's, in FRONTIER_METRICS' order
         name_of = functools.partial(frontier_name, learner=learner)
         points, missing = frontier_points(args.runs, env, runs, ["final_kl", *metrics])
         if missing:

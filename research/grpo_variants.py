@@ -239,6 +239,17 @@ def next_token_logprobs(model, b, args):
     return torch.log_softmax(grpo_iif.up(logits[:, :-1]), -1)
 
 
+def trl_batch(prompts, completions, pad):
+    """Token-id prompts and completions in TRL's batch fields: the prompts left-padded, the
+    completions right-padded, with their masks"""
+    P, C = max(map(len, prompts)), max(map(len, completions))
+    return {k: torch.tensor(v) for k, v in dict(
+        prompt_ids=[[pad] * (P - len(x)) + x for x in prompts],
+        prompt_mask=[[0] * (P - len(x)) + [1] * len(x) for x in prompts],
+        completion_ids=[y + [pad] * (C - len(y)) for y in completions],
+        completion_mask=[[1] * len(y) + [0] * (C - len(y)) for y in completions]).items()}
+
+
 # ---- The trainer: the cheap filters, the validation target, the test accuracy, checkpoints ----
 class Trainer(grpo_iif.IIFGRPOTrainer):
     def __init__(self, *a, **kw):
@@ -321,13 +332,8 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
             q = [tok(t, add_special_tokens=False)["input_ids"] for t in text]
             a = [tok(r["answer"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
                  for r in rows]
-            P, T = max(map(len, q)), max(map(len, a))
-            ref = dict(prompt_ids=[[tok.pad_token_id] * (P - len(x)) + x for x in q],
-                       prompt_mask=[[0] * (P - len(x)) + [1] * len(x) for x in q],
-                       completion_ids=[x + [tok.pad_token_id] * (T - len(x)) for x in a],
-                       completion_mask=[[1] * len(x) + [0] * (T - len(x)) for x in a])
-            ref = {k: torch.tensor(v)[acc.process_index * n:][:n].to(acc.device)
-                   for k, v in ref.items()}
+            ref = {k: v[acc.process_index * n:][:n].to(acc.device)
+                   for k, v in trl_batch(q, a, tok.pad_token_id).items()}
             ref["advantages"] = torch.full((n,), len(rows) / sum(map(len, a)), device=acc.device)
             self.references = ref
         return self.references
@@ -380,13 +386,8 @@ class Trainer(grpo_iif.IIFGRPOTrainer):
             return torch.full((len(queries),), float("nan"))
         pad, kl, bs = self.processing_class.pad_token_id, [], self.iif_args.forward_batch_size
         for i in range(0, len(queries), bs):
-            q, c = queries[i:i + bs], completions[i:i + bs]
-            P, C = max(map(len, q)), max(map(len, c))
-            b = {"prompt_ids": [[pad] * (P - len(x)) + x for x in q],  # left-padded, as TRL pads
-                 "prompt_mask": [[0] * (P - len(x)) + [1] * len(x) for x in q],
-                 "completion_ids": [y + [pad] * (C - len(y)) for y in c],  # right-padded
-                 "completion_mask": [[1] * len(y) + [0] * (C - len(y)) for y in c]}
-            b = {k: torch.tensor(v, device=self.accelerator.device) for k, v in b.items()}
+            b = {k: v.to(self.accelerator.device) for k, v in
+                 trl_batch(queries[i:i + bs], completions[i:i + bs], pad).items()}
             logp = next_token_logprobs(model, b, self.iif_args)
             if self.ref_model is not None:
                 ref = next_token_logprobs(self.ref_model, b, self.iif_args)

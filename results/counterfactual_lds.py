@@ -16,7 +16,6 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "research"))
 from analysis_variants import ahead_or_behind, mean_t  # noqa: E402
 
-WORDS = {"ahead": "above random", "behind": "below random"}
 FIGURES = os.path.join(ROOT, "results", "figures")
 ENVS = {"FrozenLake-v1": "counterfactual_frozenlake.md", "Acrobot-v1": "counterfactual_acrobot.md",
         "MiniGrid-Empty-8x8-v0": "counterfactual_minigrid.md"}
@@ -53,4 +52,4 @@ for env, name in ENVS.items():
                 continue
             d = x - np.array([lds["random"][k][col] for k in rounds])
             _, lo, hi = mean_t(d)
-            print(row + f" {cell(d)} | {WORDS.get(ahead_or_behind(lo, hi), 'not detected')} |")
+            print(row + f" {cell(d)} | {ahead_or_behind(lo, hi, 'above random', 'below random')} |")

@@ -51,6 +51,5 @@ for task, beta in TASKS.items():
             d = np.array([reading(task, label, s) for s in SEEDS]) - np.array([reading(task, "none", s) for s in SEEDS])
             for col, fmt in ((0, ".3f"), (1, ".2g"), (2, ".2f")):
                 mean, lo, hi = mean_t(d[:, col])
-                word = {"ahead": "higher", "behind": "lower"}.get(ahead_or_behind(lo, hi), "not detected")
-                cells.append(f"{mean:+{fmt}} [{lo:+{fmt}}, {hi:+{fmt}}] {word}")
+                cells.append(f"{mean:+{fmt}} [{lo:+{fmt}}, {hi:+{fmt}}] {ahead_or_behind(lo, hi, 'higher', 'lower')}")
         print(f"| {task} (beta {beta}) | {label} | {same} of {len(SEEDS)} | " + " | ".join(cells or ["-"] * 3) + " |")
