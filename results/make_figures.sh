@@ -131,8 +131,12 @@ done
 python analysis.py efficiency --runs results/runs --env $envs > $F/efficiency_all.md
 python research/analysis_variants.py paper --runs results/runs --env $envs > $F/paper_fig6b.md  # t-intervals, Welch
 # the same at the paper's test protocol, 5 seeds: results/held_step.py's standard and IIF arms
-python research/analysis_variants.py paper --runs results/held-step/runs --baseline standard \
-  --env FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 highway-v0 > $F/paper_fig6b_protocol.md
+protocol="FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 highway-v0"
+if S="1 2 3 4 5" R=results/held-step/runs complete LunarLander-v3 150 influence standard; then
+  protocol="$protocol LunarLander-v3"
+fi
+python research/analysis_variants.py paper --runs results/held-step/runs --baseline standard --env $protocol \
+  > $F/paper_fig6b_protocol.md
 { echo "FrozenLake-v1's Fig. 6(b) row as if tested on fewer episodes than its 1000 (5 draws each; the last: as recorded)"
   for n in 200 100; do for seed in 0 1 2 3 4; do
     echo "$n episodes, draw $seed: $(python research/analysis_variants.py efficiency --runs results/runs --env FrozenLake-v1 \
