@@ -595,7 +595,7 @@ def main(args):
             rollout(policy, ref, b, kl_coef, args)
             t2 = timer(device)
 
-            # Stage II (Alg. 1): influence of every episode at theta(k) (Sec. 5.1, 5.3), then filter
+            # Stage II (Alg. 1): score every episode at theta(k) (Sec. 5.1, 5.3), drop harmful ones
             scores, kept, n_negative = None, torch.ones(args.batch_size, dtype=torch.bool), ""
             if args.filter_method != "none":
                 tb = b  # the target episodes: B(k), or the released code's fresh held-out ones

@@ -417,9 +417,9 @@ def main(args, trainer=None):
     return trainer
 
 
-# ==== Alg. 1 stands above. A first reading may skip what follows: how dropped completions  ====
-# ==== leave TRL's batch, the scoring's helpers, loading the models and data with clear     ====
-# ==== errors, the flag checks and the run folder.                                          ====
+# ==== Everything Alg. 1 needs stands above. Below, what a first reading may skip: how      ====
+# ==== dropped completions leave TRL's batch, the scoring's helpers, loading the models     ====
+# ==== and data with clear errors, the flag checks and the run folder.                      ====
 
 
 # ---- Plumbing: Stage II's dropped completions taken out of TRL's batch ----
