@@ -7,8 +7,8 @@ same loop with, in addition:
 - the paper's other targets and scores: --target f_action (Sec. 4.2), --influence-mode tracin
   (Sec. 3.1, the sum over the round's optimizer steps);
 - App. C's baselines: --filter-method adv-error, adv-product (C.4), td-weight (C.5);
-- options beyond the paper: --influence-precond adam, --target-kl, --hold-step;
-- long runs: --resume, --eval-every, --eval-envs, --async-envs, --threads.
+- options beyond the paper: --influence-precond adam, --target-kl, --hold-step, --critic-records;
+- long runs: --resume, --save-states, --eval-every, --eval-envs, --async-envs, --threads.
 With none of these set it writes what iif.py writes (tests/test_variants.py checks it).
 
     python research/iif_variants.py --env-id LunarLander-v3 --eval-episodes 200 --run-name ll --resume
@@ -97,10 +97,17 @@ class Args(iif.Args):
     hold_to: Literal["standard", "influence"] = "standard"
     """--hold-step's reference update: standard PPO's on all of B(k), or IIF's on the records
     influence keeps (with --filter-method none: standard PPO lifted to IIF's step)"""
+    critic_records: Literal["kept", "all"] = "kept"
+    """the records the critic's loss runs over: the kept ones (Alg. 1, the released code), or all of
+    B(k) in standard PPO's minibatches, so the filter acts on the policy's loss only and every arm's
+    critic learns from the same data"""
 
     # Long runs
     resume: bool = False
     """continue <runs-dir>/<run-name> after its last finished round (checkpoint.pt), same flags"""
+    save_states: int = 0
+    """keep the state at the start of every N-th round (theta(k), the optimizer, the generators) in
+    <run>/states/round_KKKK.pt, for results/one_round.py; 0: none"""
     eval_every: int = 1
     """test after every N-th round only (rounds N-1, 2N-1, ...; the others leave the test empty).
     Test episodes sample from the training's torch RNG, so N also changes the rounds after a test"""
@@ -240,14 +247,19 @@ def step_precond(agent, optimizer, args):
 
 
 # ---- Stage III with every switch ----
-def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=None):
+def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=None, trunk_scale=1.0):
     """iif.ppo_update with --adv-norm, --target-kl and, with a target, the TracIn influence of
     Sec. 3.1: summed over every step whose minibatch holds the record, each step's scores weighted
     by the factor clipping scaled that step by, so they add up as the steps do. With sample_p
-    (App. C.5), each epoch draws its records with these probabilities, with replacement."""
+    (App. C.5), each epoch draws its records with these probabilities, with replacement.
+    --critic-records all: the critic's loss runs over standard PPO's minibatches of all of B(k) (drawn
+    from a copy of rng: those the unfiltered update draws), step j pairing the policy's j-th minibatch
+    of kept records with the critic's j-th; the steps past the policy's last train the critic alone.
+    trunk_scale: the factor on the policy loss's gradient into a shared CNN (--hold-step's multiple)."""
     mbs = args.minibatch_size
     tracin = None if target is None else torch.zeros_like(b["advantages"])
     n_updates, stats = 0, []
+    critic_rng = copy.deepcopy(rng) if args.critic_records == "all" else None
 
     def done():  # the steps, the scores, and the means of the steps' DIAGNOSTICS for the row
         diagnostics.update(zip(DIAGNOSTICS, np.mean(stats, 0) if stats else [None] * len(DIAGNOSTICS)))
@@ -258,26 +270,43 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
         else:
             order = rng.choice(len(kept_idx), size=len(kept_idx), p=sample_p)
         perm = kept_idx[torch.as_tensor(order)]
-        for start in range(0, len(perm) - mbs + 1, mbs):
-            mb_inds = perm[start:start + mbs]
+        steps = [perm[start:start + mbs] for start in range(0, len(perm) - mbs + 1, mbs)]
+        critic_steps = steps
+        if critic_rng is not None:
+            every = torch.as_tensor(critic_rng.permutation(len(b["advantages"])))
+            critic_steps = [every[start:start + mbs] for start in range(0, len(every) - mbs + 1, mbs)]
+        for j in range(len(critic_steps)):
+            mb_inds, critic_inds = steps[j] if j < len(steps) else None, critic_steps[j]
             if args.target_kl > 0 and approx_kl(agent, slice_of(b, mb_inds)) > 1.5 * args.target_kl:
                 return done()  # the policy left the trust region of theta(k)
-            mb_adv = b["advantages"][mb_inds]
-            if args.adv_norm == "minibatch":
-                mb_adv = normalize(mb_adv)
-            if tracin is not None:  # this step's influence at its theta, timed as influence
-                with timed("t_influence", inside="t_optim"):
-                    step_scores = influence(agent, b, mb_inds, target, args, mb_adv,
-                                            step_precond(agent, optimizer, args))
-            parts = {}
-            loss = ppo_losses(agent, b, mb_inds, args, adv=mb_adv, parts=parts).mean()
-            stats.append([float(parts[k].mean()) for k in DIAGNOSTICS])
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"non-finite PPO loss ({loss.item()}) at epoch {epoch}, step {n_updates}; "
-                    "lower --learning-rate, or clip gradients with --max-grad-norm")
             optimizer.zero_grad()
-            loss.backward()
+            parts = {}  # one minibatch for both: iif.ppo_update's loss; else the policy's terms first
+            if mb_inds is not None:
+                mb_adv = b["advantages"][mb_inds]
+                if args.adv_norm == "minibatch":
+                    mb_adv = normalize(mb_adv)
+                if tracin is not None:  # this step's influence at its theta, timed as influence
+                    with timed("t_influence", inside="t_optim"):
+                        step_scores = influence(agent, b, mb_inds, target, args, mb_adv,
+                                                step_precond(agent, optimizer, args))
+                one = mb_inds is critic_inds or (torch.equal(mb_inds, critic_inds) and trunk_scale == 1.0)
+                loss = ppo_losses(agent, b, mb_inds, args, adv=mb_adv, vf_coef=None if one else 0.0,
+                                  parts=parts).mean()
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(
+                        f"non-finite PPO loss ({loss.item()}) at epoch {epoch}, step {n_updates}; "
+                        "lower --learning-rate, or clip gradients with --max-grad-norm")
+                loss.backward()
+                if agent.image and trunk_scale != 1.0 and not one:
+                    for p in agent.extractor.parameters():
+                        p.grad.mul_(trunk_scale)
+            if mb_inds is None or not one:  # the critic's loss on its minibatch of B(k)
+                v_loss = (b["returns"][critic_inds] - agent.critic(agent.features(
+                    b["obs"][critic_inds])).squeeze(-1)) ** 2
+                (args.vf_coef * v_loss).mean().backward()
+                parts["vf_loss"] = v_loss.detach()
+            if mb_inds is not None:
+                stats.append([float(parts[k].mean()) for k in DIAGNOSTICS])
             if args.max_grad_norm > 0:
                 norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             if tracin is not None:  # weighted by the factor clip_grad_norm_ scaled this step by
@@ -333,7 +362,7 @@ def held_update(agent, optimizer, b, kept, ref_kept, args, rng, scale, sample_p=
         restore(start)
         optimizer.param_groups[0]["lr"] = args.learning_rate * scale  # the policy's group only
         n_updates, _ = ppo_update(agent, optimizer, b, torch.nonzero(kept)[:, 0], args, rng,
-                                  sample_p=sample_p)
+                                  sample_p=sample_p, trunk_scale=scale)
         kl = approx_kl(agent, b)
         tries.append((scale, kl, time.perf_counter() - t0))
         miss = abs(math.log(kl / kl_ref)) if kl > 0 and kl_ref > 0 else math.inf
@@ -356,10 +385,15 @@ def held_update(agent, optimizer, b, kept, ref_kept, args, rng, scale, sample_p=
 def held_optimizer(agent, args):
     """--hold-step's optimizer: iif.make_optimizer's, in two parameter groups, so that the hold
     scales the policy's rate (group 0) and not the critic's (group 1). A CNN shared by both (image
-    envs) goes with the policy: the hold is on the policy's KL, which the CNN's step moves. Each
-    parameter is updated as in one group (tests/test_held_step.py: bit for bit)."""
+    envs) goes with the policy: the hold is on the policy's KL, which the CNN's step moves. With
+    --critic-records all it goes with the critic, and ppo_update scales the policy loss's gradient
+    into it instead: under SGD its step is then the policy's part held as the heads' and the critic's
+    part at the critic's rate, so the hold no longer slows the critic's features. Each parameter is
+    updated as in one group (tests/test_held_step.py: bit for bit)."""
     opt = make_optimizer(agent, args)
     critic = list(agent.critic.parameters())
+    if agent.image and args.critic_records == "all":
+        critic += list(agent.extractor.parameters())
     policy = [p for p in agent.parameters() if all(p is not c for c in critic)]
     return type(opt)([dict(params=policy), dict(params=critic)], **opt.defaults)
 
@@ -457,6 +491,7 @@ def main(args):
     try:
         for k in range(run.start, args.num_rounds):
             seconds.clear()
+            run.save_state(k)
             if args.reseed_rounds:
                 next_obs = reseed_round(envs, ep_ret, args)
             # Stage I (Alg. 1)
@@ -545,6 +580,13 @@ def resolve_args(args):
     if args.hold_step != "none" and (args.influence_mode == "tracin" or args.target_kl > 0):
         fail(f"--hold-step {args.hold_step} sets the step by the learning rate: it takes neither "
              "--influence-mode tracin nor --target-kl")
+    if args.critic_records == "all" and (args.influence_mode == "tracin" or args.target_kl > 0
+                                          or args.filter_method == "td-weight"):
+        fail("--critic-records all pairs the policy's minibatches of kept records with the critic's "
+             "of all records: it takes neither --influence-mode tracin, --target-kl nor "
+             "--filter-method td-weight")
+    if args.save_states < 0:
+        fail(f"--save-states must be 0 (none) or positive, got {args.save_states}")
     if args.hold_step == "grad-norm" and args.hold_to != "standard":
         fail("--hold-step grad-norm holds to standard PPO's step only: use --hold-step exact with "
              f"--hold-to {args.hold_to}")
@@ -598,17 +640,19 @@ HOLD_COLUMNS = ["kl_ref", "lr_scale", "n_tries", "t_hold"]
 METRICS = iif.METRICS[:iif.METRICS.index("n_negative") + 1] + ["agreement"] + iif.METRICS[
     iif.METRICS.index("n_negative") + 1:]
 # flags a resumed run may change, and the values resolve_args derives from the others
-NOT_COMPARED = ("resume", "threads", "runs_dir", "batch_size", "num_rounds", "env_kwargs",
+NOT_COMPARED = ("resume", "save_states", "threads", "runs_dir", "batch_size", "num_rounds", "env_kwargs",
                 "target_obs", "target_act", "cuda", "torch_deterministic", "track", "wandb_project_name",
                 "wandb_entity", "capture_video", "save_model", "eval_model")
 # flags newer than some saved runs: a config.json without them was made with them off
 ADDED_FLAGS = dict(min_agreement=-1.0, influence_precond="none", target_kl=0.0, score_log_std=True,
-                   reseed_rounds=False, hold_step="none", hold_to="standard", reseed_from=-1)
+                   reseed_rounds=False, hold_step="none", hold_to="standard", reseed_from=-1,
+                   critic_records="kept", save_states=0)
 
 
 class Run:
     """<runs-dir>/<run-name>/: config.json, metrics.csv (a row per round), rounds/round_KKKK.pt
-    (--save-rounds), checkpoint.pt (the state after the last finished round) and agent.pt."""
+    (--save-rounds), states/round_KKKK.pt (--save-states), checkpoint.pt (the state after the last
+    finished round) and agent.pt."""
 
     def __init__(self, args, agent, optimizer, rng, gen):
         """Write config.json and open metrics.csv; with --resume, restore the state after the last
@@ -652,10 +696,7 @@ class Run:
         self.file.flush()
         if a.save_rounds:
             torch.save(round_file, os.path.join(self.dir, "rounds", f"round_{k:04d}.pt"))
-        save_checkpoint(os.path.join(self.dir, "checkpoint.pt"), dict(
-            round=k, agent=agent.state_dict(), optimizer=optimizer.state_dict(),
-            torch_rng=torch.get_rng_state(), numpy_rng=rng.bit_generator.state,
-            filter_rng=gen.get_state(), hold_scale=self.scale))
+        save_checkpoint(os.path.join(self.dir, "checkpoint.pt"), self.checkpoint(k))
         test = "-"
         if row["test_return_mean"] is not None:
             test = f"{row['test_return_mean']:.3f} +- {row['test_return_std']:.3f}"
@@ -672,6 +713,18 @@ class Run:
               f"| kept {row['n_kept']}/{a.batch_size} (neg {row['n_negative']}{agree}){held} "
               f"| s: rollout {row['t_rollout']:.2f} influence {row['t_influence']:.2f} "
               f"optim {row['t_optim']:.2f} eval {row['t_eval']:.2f}", flush=True)
+
+    def checkpoint(self, k):  # the state after round k: the next round starts from it
+        agent, optimizer, rng, gen = self.state
+        return dict(round=k, agent=agent.state_dict(), optimizer=optimizer.state_dict(),
+                    torch_rng=torch.get_rng_state(), numpy_rng=rng.bit_generator.state,
+                    filter_rng=gen.get_state(), hold_scale=self.scale)
+
+    def save_state(self, k):
+        """--save-states: the state at the start of round k, as results/one_round.py reads it"""
+        if self.args.save_states and k % self.args.save_states == 0:
+            os.makedirs(os.path.join(self.dir, "states"), exist_ok=True)
+            save_checkpoint(os.path.join(self.dir, "states", f"round_{k:04d}.pt"), self.checkpoint(k - 1))
 
     def finish(self, agent):
         torch.save(agent.state_dict(), os.path.join(self.dir, "agent.pt"))

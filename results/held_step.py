@@ -9,6 +9,8 @@ records (chosen by influence, or all) and step (IIF's, or standard's), and the c
     held         chosen records, standard's step  --filter-method influence --hold-step exact
     held-random  as many dropped at random, held  --filter-method random --hold-step exact
     lifted       all records, IIF's step          --filter-method none --hold-step exact --hold-to influence
+    held-critic, held-random-critic: held and held-random, the critic's loss over all of B(k) in every arm
+                                                  --critic-records all (and --save-states, for one_round.py)
     random       as many dropped at random        --filter-method random (Fig. 6(b)'s control, unheld)
     reseeded     standard PPO, reseeded after its first rollout: the noise floor of these comparisons, whose
                  arms share theta(0) and B(0)        --filter-method none --reseed-from 0
@@ -41,17 +43,19 @@ from step_control import run  # noqa: E402
 OUT = os.path.join(ROOT, "results", "held-step")
 GENERIC = ["--optimizer", "adam", "--learning-rate", "3e-4", "--max-grad-norm", "0", "--filter-p", "0.5",
            "--min-agreement", "-1", "--total-timesteps", "61440", "--eval-episodes", "50"]  # results/generic.sh's base
-# env: (seeds, rounds compared, flags beyond its preset's). BipedalWalker: its first 100 rounds, tested every 2nd,
-# as the cost allows; CartPole and DoorKey: the generic defaults with --filter-method influence (outside the paper)
+PORT, GYM = ["--env-backend", "envpool"], ["--env-backend", "gymnasium"]  # the backend every run here was made on
+# env: (seeds, rounds compared, flags beyond its preset's, the start of every how many rounds the critic arms keep
+# for results/one_round.py). BipedalWalker: its first 100 rounds, tested every 2nd, as the cost allows (5 seeds in
+# the critic arms, 3 in the others); CartPole and DoorKey: the generic defaults with --filter-method influence
 ENVS = {
-    "FrozenLake-v1": (5, 50, []),
-    "Acrobot-v1": (5, 50, []),
-    "MiniGrid-Empty-8x8-v0": (5, 40, []),
-    "highway-v0": (5, 100, []),
-    "LunarLander-v3": (5, 150, []),
-    "BipedalWalker-v3": (3, 100, ["--eval-every", "2", "--total-timesteps", "204800"]),
-    "CartPole-v1": (5, 30, GENERIC),
-    "MiniGrid-DoorKey-5x5-v0": (5, 30, GENERIC),
+    "FrozenLake-v1": (5, 50, GYM, 10),
+    "Acrobot-v1": (5, 50, PORT, 10),
+    "MiniGrid-Empty-8x8-v0": (5, 40, PORT, 8),
+    "highway-v0": (5, 100, PORT, 10),
+    "LunarLander-v3": (5, 150, PORT, 10),
+    "BipedalWalker-v3": (3, 100, [*PORT, "--eval-every", "2", "--total-timesteps", "204800"], 10),
+    "CartPole-v1": (5, 30, [*GYM, *GENERIC], 6),
+    "MiniGrid-DoorKey-5x5-v0": (5, 30, [*GYM, *GENERIC], 6),
 }
 ARMS = {
     "standard": ["--filter-method", "none"],
@@ -61,7 +65,11 @@ ARMS = {
     "lifted": ["--filter-method", "none", "--hold-step", "exact", "--hold-to", "influence"],
     "random": ["--filter-method", "random"],  # Fig. 6(b)'s third method, at the paper's test protocol too
     "reseeded": ["--filter-method", "none", "--reseed-from", "0"],  # the noise floor: standard PPO's own copy
+    # held and held-random with the critic's loss over all of B(k): the filter acts on the policy only
+    "held-critic": ["--filter-method", "influence", "--hold-step", "exact", "--critic-records", "all"],
+    "held-random-critic": ["--filter-method", "random", "--hold-step", "exact", "--critic-records", "all"],
 }
+CRITIC = ["held-critic", "held-random-critic"]
 FIRST = ["standard", "influence", "held", "held-random"]  # they answer the main question; lifted after
 # the table's rows: (name, baseline arm, compared arm)
 ROWS = [("held IIF - held random", "held-random", "held"), ("held IIF - standard", "standard", "held"),
@@ -75,10 +83,11 @@ def stage_runs(envs, seeds, arms):
     for group in ([a for a in FIRST if a in arms], [a for a in arms if a not in FIRST]):
         for s in seeds:
             for env_id in envs:
-                n_seeds, _, flags = ENVS[env_id]
+                n_seeds, _, flags, every = ENVS[env_id]
                 for arm in group:
-                    if s <= n_seeds:
-                        run(runs, env_id, arm, s, [*flags, *ARMS[arm]])
+                    if s <= (5 if arm in CRITIC else n_seeds):
+                        states = ["--save-states", str(every)] if arm in CRITIC else []
+                        run(runs, env_id, arm, s, [*flags, *ARMS[arm], *states])
 
 
 def stage_proxy(envs):

@@ -2,6 +2,7 @@
 PPO's, or IIF's) takes from theta(k) on B(k); each try from theta(k)'s own state, only the policy's rate scaled."""
 import copy
 import csv
+import dataclasses
 
 import numpy as np
 import pytest
@@ -255,3 +256,103 @@ def test_reseeding_after_the_first_rollout_shares_it_and_nothing_after(tmp_path)
     assert untimed(late) == untimed(plain)
     assert early[0]["train_return"] == plain[0]["train_return"] and early[0]["n_negative"] == plain[0]["n_negative"]
     assert early[0]["kl"] != plain[0]["kl"] and early[1]["kl"] != plain[1]["kl"]
+
+
+@pytest.mark.parametrize("image", [False, True])
+def test_the_critic_on_every_record_changes_nothing_when_nothing_is_dropped(tmp_path, image):
+    """The null check of --critic-records all: with the filter off (and held standard PPO, which holds nothing) the
+    run is standard PPO's, rows and weights bit for bit; on MiniGrid too, where the CNN is shared"""
+    env = ["--env-id", "MiniGrid-Empty-8x8-v0", "--env-backend", "gymnasium"] if image else []
+    plain = run(tmp_path, *env, "--filter-method", "none", name="plain")
+    for name, flags in [("all", []), ("held", ["--hold-step", "exact"])]:
+        rows = run(tmp_path, *env, "--filter-method", "none", "--critic-records", "all", *flags, name=name)
+        assert untimed(rows, variants.HOLD_COLUMNS) == untimed(plain)
+        a, b = (torch.load(tmp_path / n / "agent.pt") for n in ("plain", name))
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("method", ["influence", "random"])
+def test_with_the_critic_on_every_record_a_held_update_trains_standard_ppos_critic(tmp_path, optimizer, method):
+    """--critic-records all: after a held update of kept records (3 tries or more, the policy's rate scaled), the
+    critic (and its Adam state) is the one the unheld standard update on all records leaves, bit for bit; the policy
+    is not, and it took as many steps as the kept records fill"""
+    args, agent, opt, rng, b = setup(tmp_path, "--optimizer", optimizer, "--critic-records", "all")
+    scores = variants.influence(agent, b, torch.arange(256), variants.make_target(agent, b, args), args,
+                                variants.scoring_advantages(b, args))
+    kept, _ = variants.filter_records(scores, method, 0.5, torch.Generator().manual_seed(0))
+    assert 0 < int((~kept).sum()) < 128
+    snap = snapshot(agent, opt, rng)
+    n, held = variants.held_update(agent, opt, b, kept, kept >= 0, args, rng, 1.0)
+    assert held["n_tries"] >= 1 and held["lr_scale"] != 1.0 and n == 4 * (256 // 64)
+    standard, standard_opt, standard_rng = from_snapshot(snap, args)  # standard PPO as iif.py runs it
+    variants.ppo_update(standard, standard_opt, b, torch.arange(256), dataclasses.replace(args, critic_records="kept"),
+                        standard_rng)
+    critic = [k for k in agent.state_dict() if k.startswith("critic.")]
+    assert critic and all(torch.equal(agent.state_dict()[k], standard.state_dict()[k]) for k in critic)
+    assert not torch.equal(agent.state_dict()["actor.4.weight"], standard.state_dict()["actor.4.weight"])
+    if optimizer == "adam":  # the critic's moments too; the actor's steps are the kept records' minibatches
+        names = {id(p): n for n, p in agent.named_parameters()}
+        order = [names[id(p)] for g in opt.param_groups for p in g["params"]]
+        state, ref = opt.state_dict()["state"], standard_opt.state_dict()["state"]
+        for i, name in enumerate(order):
+            if name.startswith("critic."):
+                assert all(torch.equal(state[i][k], ref[i][k]) for k in state[i])
+            else:
+                assert float(state[i]["step"]) == 4 * (int(kept.sum()) // 64)
+
+
+def test_with_the_critic_on_every_record_a_shared_cnn_learns_at_the_critics_rate():
+    """Image agents under the hold: the CNN goes to the critic's group and the policy loss's gradient into it is
+    scaled by the policy's multiple s, so one SGD step moves the CNN by -lr (s g_policy + g_critic): linear in s,
+    the actor not at all at s = 0"""
+    agent = iif.Agent(iif.gym.spaces.Box(0, 255, (7, 7, 3)), iif.gym.spaces.Discrete(7))
+    args = variants.resolve_args(tyro.cli(variants.Args, args=[
+        "--env-id", "MiniGrid-Empty-8x8-v0", "--env-backend", "gymnasium", "--critic-records", "all",
+        "--update-epochs", "1"]))
+    groups = variants.held_optimizer(agent, args).param_groups
+    names = {id(p): n for n, p in agent.named_parameters()}
+    assert {names[id(p)].split(".")[0] for p in groups[0]["params"]} == {"actor"}
+    assert {names[id(p)].split(".")[0] for p in groups[1]["params"]} == {"critic", "extractor"}
+    torch.manual_seed(0)
+    b = dict(obs=torch.randint(0, 255, (64, 7, 7, 3)).float(), actions=torch.randint(0, 7, (64,)),
+             advantages=torch.randn(64), returns=torch.randn(64))
+    with torch.no_grad():
+        b["logprobs"], _, b["values"] = agent(b["obs"], b["actions"])
+
+    def step(scale):  # one minibatch: one step
+        net = copy.deepcopy(agent)
+        opt = variants.held_optimizer(net, args)
+        opt.param_groups[0]["lr"] *= scale
+        assert variants.ppo_update(net, opt, b, torch.arange(64), args, np.random.default_rng(0),
+                                   trunk_scale=scale)[0] == 1
+        return {k: v - agent.state_dict()[k] for k, v in net.state_dict().items()}
+    zero, half, one = step(0.0), step(0.5), step(1.0)
+    for k in one:
+        if k.startswith("actor."):
+            assert torch.equal(zero[k], torch.zeros_like(zero[k])) and not torch.equal(one[k], zero[k])
+        if k.startswith("extractor."):
+            assert not torch.allclose(one[k], zero[k], atol=1e-9)
+            assert torch.allclose(half[k], (zero[k] + one[k]) / 2, atol=1e-7)
+        if k.startswith("critic."):  # the critic's own layers see the policy only through the CNN: not at all
+            assert torch.equal(zero[k], one[k])
+
+
+@pytest.mark.parametrize("flags", [["--target-kl", "0.02"], ["--influence-mode", "tracin", "--save-rounds"],
+                                   ["--filter-method", "td-weight"]])
+def test_critic_records_all_refuses_what_it_cannot_pair(tmp_path, flags):
+    with pytest.raises(SystemExit, match="--critic-records all"):
+        variants.resolve_args(tyro.cli(variants.Args, args=["--runs-dir", str(tmp_path), *SHORT, "--critic-records",
+                                                            "all", *flags]))
+
+
+def test_save_states_keeps_every_nth_rounds_starting_state(tmp_path):
+    """--save-states 2 over 3 rounds: the states at the start of rounds 0 and 2; round 2's is the checkpoint that
+    round 1 ended with, so a run resumed from it redoes round 2 as the run did"""
+    rows = run(tmp_path, "--save-states", "2", "--save-rounds")
+    assert sorted(p.name for p in (tmp_path / "r" / "states").iterdir()) == ["round_0000.pt", "round_0002.pt"]
+    s0, s2 = (torch.load(tmp_path / "r" / "states" / f"round_000{k}.pt", weights_only=False) for k in (0, 2))
+    r0, r2 = (torch.load(tmp_path / "r" / "rounds" / f"round_000{k}.pt") for k in (0, 2))
+    assert s0["round"] == -1 and s2["round"] == 1 and len(rows) == 3
+    for s, r in [(s0, r0), (s2, r2)]:
+        assert all(torch.equal(s["agent"][k], r["state_dict"][k]) for k in r["state_dict"])
