@@ -6,8 +6,7 @@ completions whose advantages are their rewards normalised within the group. A re
 completion; the buffer B(k) is one generation batch. Alg. 1 runs once per generation batch in
 IIFGRPOTrainer._generate_and_score_completions: Stage I is TRL's generation, Stage II scores every
 completion by its influence on a target f and drops the harmful ones, Stage III is TRL's GRPO
-update on the rest. grpo_variants.py adds the test metric, the comparison's filters, I-PPO's
-target and checkpoints; several processes stay here, as the paper's 2.7B policy needs them.
+update on the rest. In a TRL script of your own, IIFGRPOTrainer replaces GRPOTrainer (docs/grpo.md).
 
     python research/grpo_iif.py --filter-method influence              # the paper's models, from the hub
     accelerate launch research/grpo_iif.py --filter-method influence   # several GPUs or nodes (DDP, FSDP2)
@@ -15,22 +14,29 @@ target and checkpoints; several processes stay here, as the paper's 2.7B policy 
     python research/grpo_iif.py --model-name $T/policy --reward-model $T/reward --dataset $T/prompts.jsonl \
         --batch-size 64 --learning-rate 3e-4 --beta 0.2 --max-steps 240 --use-cpu --threads 1
 """
+import contextlib
 import csv
 import json
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import numpy as np
 import torch
 import torch.autograd.forward_ad as fwAD
-import tyro
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
+
+try:  # tyro reads the flags (main); the trainer alone needs only TRL's dependencies
+    from tyro.conf import arg
+    STATED = arg(help_behavior_hint=lambda default: "")  # a None flag's real default is in its help
+except ImportError:
+    STATED = None
 
 
 @dataclass
@@ -46,16 +52,16 @@ class Args:
     continuation.text (App. B.3: toxicity > 0.3, the first 10-15 tokens, a fifth held out)"""
     seed: int = 1
     """seed of TRL (sampling, prompt order), the prompt split and the random filter"""
-    run_name: Optional[str] = None
+    run_name: Annotated[Optional[str], STATED] = None
     """results go to <runs-dir>/<run-name>/ (default: grpo__method__seed__time)"""
     runs_dir: str = "runs"
     """parent folder of the run folders"""
     use_cpu: bool = False
     """train on the CPU even where a GPU is visible"""
-    dtype: Optional[Literal["bfloat16", "float32"]] = None
+    dtype: Annotated[Optional[Literal["bfloat16", "float32"]], STATED] = None
     """bfloat16: TRL's bf16 mixed precision, frozen weights in bfloat16 with LoRA, scores in
     float32 (default: bfloat16 on a GPU that has it, else float32)"""
-    threads: Optional[int] = None
+    threads: Annotated[Optional[int], STATED] = None
     """torch CPU threads (default: torch's choice)"""
     report_to: str = "none"
     """TRL's trackers: tensorboard, trackio, wandb, ... (comma-separated), all, none"""
@@ -73,7 +79,7 @@ class Args:
     """mini-batches per optimizer step"""
     num_iterations: int = 1
     """passes over each (filtered) generation batch (TRL's num_iterations, GRPO's mu)"""
-    max_steps: Optional[int] = None
+    max_steps: Annotated[Optional[int], STATED] = None
     """optimizer steps (default: one pass over the training prompts)"""
     gen_tokens: int = 30
     """tokens sampled per completion, fewer if EOS comes first (temperature 1, no top-k/top-p)"""
@@ -89,24 +95,25 @@ class Args:
     """LoRA rank"""
     lora_alpha: int = 32
     """LoRA alpha"""
-    lora_target_modules: Optional[str] = None
+    lora_target_modules: Annotated[Optional[str], STATED] = None
     """comma-separated module names for LoRA (default: peft's choice for the architecture)"""
 
     # influence and filtering (Sec. 3.1, 5.1, 5.3)
     filter_method: Literal["influence", "random", "none"] = "influence"
     """influence: IIF; random: drop as many completions as IIF would, at random; none: plain GRPO"""
-    filter_p: Optional[float] = None
+    filter_p: Annotated[Optional[float], STATED] = None
     """fraction in (0, 1] of the negative-influence completions to drop, most negative first
     (default: drop every completion with influence <= 0, as the released code does)"""
     target: Literal["f_seq", "f_loss"] = "f_seq"
     """f_seq (Sec. 5.3: mean of A_hat log pi(y|x)) or f_loss (minus the GRPO loss, KL included)"""
-    forward_batch_size: Optional[int] = None
+    forward_batch_size: Annotated[Optional[int], STATED] = None
     """completions per scoring pass (default: 64 on a GPU, 16 on the CPU)"""
 
 
 def make_config(args, **kw):
-    """GRPO's settings (kw: others of GRPOConfig). GRPOConfig's own defaults differ from
-    TrainingArguments' (bf16, activation checkpointing, lr 1e-6): every one that matters is here."""
+    """GRPO's settings (kw: others of GRPOConfig), where IIFGRPOTrainer reads beta, epsilon, bf16
+    and the seed. GRPOConfig's own defaults differ from TrainingArguments' (bf16, activation
+    checkpointing, lr 1e-6): every one that matters is here."""
     gpu = torch.cuda.is_available() and not args.use_cpu
     return GRPOConfig(
         output_dir=os.path.join(args.runs_dir, args.run_name), seed=args.seed, use_cpu=not gpu,
@@ -120,7 +127,8 @@ def make_config(args, **kw):
         num_iterations=args.num_iterations, max_completion_length=args.gen_tokens,
         temperature=1.0, top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0,  # pi_theta itself
         # "dapo": the token normaliser spans the generation batch, so a completion's share of the
-        # loss does not depend on which micro-batch it falls into (keep_only relies on it)
+        # loss does not depend on which micro-batch it falls into (keep_only relies on it; the
+        # trainer refuses the other loss types)
         beta=args.beta, epsilon=args.epsilon, loss_type="dapo", scale_rewards="group",
         use_bias_correction_kl=True, mask_truncated_completions=False, use_vllm=False,
         logging_steps=args.logging_steps, report_to=args.report_to.split(","),
@@ -132,14 +140,6 @@ def make_reward_fn(model, tok, label):
     def label_logit(prompts, completions, **kwargs):  # the label's logit on the completion alone
         return classify(model, tok, completions)[:, label].tolist()
     return label_logit  # TRL logs its mean as rewards/label_logit/mean
-
-
-@torch.no_grad()
-def classify(model, tok, texts, bs=64):
-    device = next(model.parameters()).device
-    return torch.cat([model(**tok(texts[i:i + bs], padding=True, truncation=True,
-                                  return_tensors="pt").to(device)).logits.float()
-                      for i in range(0, len(texts), bs)])
 
 
 def completion_logprobs(model, b, idx, params=None, bf16=False):
@@ -276,19 +276,19 @@ def filter_records(scores, method, p, gen):
 
 # ---- Alg. 1 on TRL's GRPOTrainer: Stage I (generation) and Stage III (the update) are TRL's ----
 class IIFGRPOTrainer(GRPOTrainer):
-    """GRPOTrainer that filters every generation batch before its update. It overrides three
-    private methods of TRL 1.16's GRPOTrainer (tests/test_grpo.py pins them):
-    _generate_and_score_completions (Alg. 1), _generate and _calculate_rewards (timing, rewards);
-    compute_loss keeps the update's losses and TRL's metrics of it for the metrics.csv row."""
+    """GRPOTrainer that filters every generation batch before its update: GRPOTrainer's arguments and
+    IIF's filter_method, filter_p, target, forward_batch_size (Args'; iif_args: the command line's).
+    It overrides _generate_and_score_completions (Alg. 1) and two more of TRL's (tests pin them)."""
 
-    def __init__(self, *a, iif_args, **kw):
+    def __init__(self, *a, filter_method="influence", filter_p=None, target="f_seq",
+                 forward_batch_size=None, iif_args=None, **kw):
+        iif_args = iif_args or checked_keywords(filter_method, filter_p, target, forward_batch_size)
         super().__init__(*a, **kw)
-        self.iif_args, self.columns = iif_args, METRICS
-        self.iif_gen = torch.Generator().manual_seed(iif_args.seed)  # the same on every process
+        self.iif_args, self.columns = settings_from_config(self, iif_args), METRICS
+        self.iif_gen = torch.Generator().manual_seed(self.iif_args.seed)  # the same on every process
         self.rounds_done, self.row, self.writer = 0, None, None  # writer: on the main process
         self.t_gen, self.rewards = 0.0, None  # the generation batch's generation time and rewards
         self.step_losses, self.logged = [], {}  # its steps' losses and TRL's metrics of them
-        self.sharded = self.accelerator.distributed_type.value in ("FSDP", "DEEPSPEED")
         # optimizer steps a generation batch is trained for; its metrics.csv row follows the last
         self.steps_per_batch = (self.args.steps_per_generation * self.num_iterations
                                 // self.args.gradient_accumulation_steps)
@@ -351,9 +351,10 @@ class IIFGRPOTrainer(GRPOTrainer):
         args, acc = self.iif_args, self.accelerator
         if args.filter_method == "none":
             return torch.ones(len(self.rewards), dtype=torch.bool), None
-        scores = influence(acc.unwrap_model(self.model), b, b if t is None else t, args,
-                           world=acc.num_processes,
-                           all_sum=lambda g: acc.reduce(g, reduction="sum"))
+        model = acc.unwrap_model(self.model)
+        with dropout_off_random_state_kept(model):  # TRL's update draws what it would without IIF
+            scores = influence(model, b, b if t is None else t, args, world=acc.num_processes,
+                               all_sum=lambda g: acc.reduce(g, reduction="sum"))
         scores = acc.gather(scores).cpu()
         if not torch.isfinite(scores).all():
             fail(f"generation batch {self.rounds_done}: non-finite influence; lower --learning-rate")
@@ -417,9 +418,9 @@ def main(args, trainer=None):
     return trainer
 
 
-# ==== Everything Alg. 1 needs stands above. Below, what a first reading may skip: how      ====
-# ==== dropped completions leave TRL's batch, the scoring's helpers, loading the models     ====
-# ==== and data with clear errors, the flag checks and the run folder.                      ====
+# ==== Everything Alg. 1 needs stands above. Below, what a first reading may skip: how          ====
+# ==== dropped completions leave TRL's batch, the trainer's settings checked, the scoring's     ====
+# ==== helpers, loading the models and data with clear errors, the flag checks, the run folder. ====
 
 
 # ---- Plumbing: Stage II's dropped completions taken out of TRL's batch ----
@@ -438,6 +439,71 @@ def keep_only(trainer, b, kept):
     b["completion_mask"] = b["completion_mask"] * mine[rows, None].to(b["completion_mask"])
     b["num_items_in_batch"] = acc.gather(b["completion_mask"].sum()).sum()
     return b
+
+
+# ---- Plumbing: IIF's settings, checked at construction; the scoring's guard ----
+def checked_keywords(filter_method, filter_p, target, forward_batch_size):
+    """IIFGRPOTrainer's keywords as Args, or an error naming the setting and its allowed values"""
+    for ok, msg in [
+        (filter_method in ("influence", "random", "none"),
+         f"filter_method must be 'influence', 'random' or 'none', got {filter_method!r}"),
+        (filter_p is None or 0 <= filter_p <= 1, f"filter_p must be None or in [0, 1], got {filter_p!r}"),
+        (filter_p is None or filter_method != "none", "filter_p is for filter_method influence or random"),
+        (target in ("f_seq", "f_loss"), f"target must be 'f_seq' or 'f_loss', got {target!r}"),
+        (forward_batch_size is None or forward_batch_size >= 1,
+         f"forward_batch_size must be None or at least 1, got {forward_batch_size!r}")]:
+        if not ok:
+            raise ValueError(f"IIFGRPOTrainer: {msg}")
+    return Args(filter_method=filter_method, filter_p=filter_p, target=target,
+                forward_batch_size=forward_batch_size)
+
+
+def settings_from_config(trainer, a):
+    """IIF's settings a, with beta, epsilon, bf16 and the seed the trainer's GRPOConfig's; an error
+    naming a setting under which the scores would not be those of TRL's loss; the scoring's path"""
+    c, acc = trainer.args, trainer.accelerator
+    a.beta, a.epsilon, a.seed, a.dtype = c.beta, c.epsilon, c.seed, "bfloat16" if c.bf16 else "float32"
+    a.forward_batch_size = a.forward_batch_size or (64 if acc.device.type == "cuda" else 16)
+    model, kind = acc.unwrap_model(trainer.model), acc.distributed_type.value
+    trainer.sharded, layers = kind in ("FSDP", "DEEPSPEED"), trained_linears(model)
+    for bad, msg in [
+        (c.loss_type != "dapo", f"loss_type={c.loss_type!r}: a completion's share of it depends on its "
+         "micro-batch and on the completions dropped; use 'dapo' (TRL's default, one normaliser a batch)"),
+        (c.importance_sampling_level != "token", "importance_sampling_level must be 'token' (the scores')"),
+        (c.top_entropy_quantile < 1, "top_entropy_quantile must be 1.0: the scores count every token"),
+        (c.temperature != 1, "temperature must be 1.0: the scores are of pi_theta at temperature 1"),
+        (c.beta and not c.use_bias_correction_kl, "use_bias_correction_kl must be True with beta > 0"),
+        (c.entropy_coef or c.use_adaptive_entropy, "entropy_coef must be 0: no entropy bonus in the scores"),
+        (c.fp16, "fp16 must be False: the scores are float32, or under autocast with bf16"),
+        (c.use_vllm, "use_vllm must be False: vLLM's importance-sampling correction is not in the scores"),
+        (getattr(trainer, "tools", None), "tools must be None: the scores count the tools' output tokens"),
+        (trainer.sharded and a.filter_method != "none" and layers is None, f"filter_method "
+         f"{a.filter_method!r} under {kind} scores from trained linear layers' activations alone, as "
+         "parameters may be sharded; here others train too (no LoRA, or LoRA on embeddings or biases)."
+         " Use LoRA on linear layers (peft_config, --lora), DDP, or filter_method 'none'")]:
+        if bad:
+            raise ValueError(f"IIFGRPOTrainer: {msg}")
+    if a.filter_method in ("influence", "random") and acc.is_main_process:  # said once
+        print("IIF: influence " + ("from the LoRA layers' activations" if layers else "in forward mode "
+                                   "over every trained parameter (no LoRA: slower)"), flush=True)
+        if any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules()):
+            warnings.warn("disable_dropout=False: TRL's update trains with dropout, the influence "
+                          "is scored without it (disable_dropout=True: the same policy)", stacklevel=3)
+    return a
+
+
+@contextlib.contextmanager
+def dropout_off_random_state_kept(model):
+    """Dropout off; then every module's train/eval mode and the global random state as they were"""
+    modes = [(m, m.training) for m in model.modules()]
+    device = next(model.parameters()).device
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model.eval()
+        try:
+            yield
+        finally:
+            for m, training in modes:
+                m.training = training
 
 
 # ---- Plumbing: the scoring's helpers ----
@@ -549,6 +615,14 @@ def split_rows(args, rows, rng):
     return train, held
 
 
+@torch.no_grad()
+def classify(model, tok, texts, bs=64):
+    device = next(model.parameters()).device
+    return torch.cat([model(**tok(texts[i:i + bs], padding=True, truncation=True,
+                                  return_tensors="pt").to(device)).logits.float()
+                      for i in range(0, len(texts), bs)])
+
+
 def load_classifier(flag, name, label_flag, label):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     tok = load(flag, name, AutoTokenizer.from_pretrained)
@@ -581,15 +655,9 @@ def make_trainer(args, dtype=None, cls=None, config=None, task=None):
             model=lm, reward_funcs=reward_fn, args=config or make_config(args),
             processing_class=tokenizer, train_dataset=Dataset.from_list(train_rows),
             peft_config=peft_config, iif_args=args)
-    except ValueError as e:  # peft's answer to --lora-target-modules that the model does not have
-        fail(f"--lora-target-modules: {e}" if args.lora_target_modules else str(e))
+    except ValueError as e:  # peft's answer to --lora-target-modules the model lacks, or IIF's
+        fail(f"--lora-target-modules: {e}" if args.lora_target_modules and "IIF" not in str(e) else str(e))
     trainer.held_rows = held_rows  # the validation prompts of grpo_variants.py's I-PPO target
-    if trainer.sharded and args.filter_method != "none" and trained_linears(trainer.model) is None:
-        fail(f"--filter-method {args.filter_method} under "
-             f"{trainer.accelerator.distributed_type.value} scores from the trained linear "
-             "layers' activations (LoRA's), as parameters may be sharded; here other parameters "
-             "train too (--no-lora, or LoRA on embeddings or biases). Use LoRA on linear layers, "
-             "DDP, or --filter-method none")
     for m in models:  # the classifiers, onto the trainer's device
         m.to(trainer.accelerator.device)
     return trainer
@@ -687,4 +755,5 @@ def run_cli(args, main):
 
 
 if __name__ == "__main__":
+    import tyro  # the command line's parser: the trainer alone needs only TRL's dependencies
     run_cli(resolve_args(tyro.cli(Args)), main)

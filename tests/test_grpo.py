@@ -231,6 +231,21 @@ def test_bad_flags_fail_early_naming_the_flag(tmp_path, toy, capsys):
     assert "--filter-method" in err and "influence" in err and "random" in err
 
 
+def test_help_states_each_worked_out_default_once(capsys):
+    """A flag whose None stands for a default worked out at run time states that default in its help, and
+    --help adds no "(default: None)" after it"""
+    import re
+    with pytest.raises(SystemExit):
+        tyro.cli(grpo_iif.Args, args=["--help"])
+    text = " ".join(re.sub(r"[│╭╮╰╯─]", " ", capsys.readouterr().out).split())  # the box's wrapped lines joined
+    assert "(default: None)" not in text
+    for stated in ("(default: grpo__method__seed__time)", "(default: bfloat16 on a GPU that has it, else float32)",
+                   "(default: torch's choice)", "(default: one pass over the training prompts)",
+                   "(default: peft's choice for the architecture)", "(default: drop every completion with influence",
+                   "(default: 64 on a GPU, 16 on the CPU)"):
+        assert text.count(stated) == 1, stated
+
+
 @pytest.mark.parametrize("flag,name", [("--dataset", "no-such-org/no-such-dataset"),
                                        ("--dataset", "/nonexistent/prompts.jsonl"),
                                        ("--reward-model", "/nonexistent/classifier"),
