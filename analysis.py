@@ -729,7 +729,8 @@ def retrain_and_test(config, b, kept, seed, eval_envs, episodes):
 
 def make_test_envs(config, episodes):
     """Synchronous test environments for a run's config"""
-    return iif.make_vec(SimpleNamespace(**config), min(16, episodes))
+    backend = config.get("backends", [config["env_backend"]] * 2)[1]  # runs made before backends: one for both
+    return iif.make_vec(SimpleNamespace(**config), min(16, episodes), backend)
 
 
 @dataclass

@@ -33,28 +33,27 @@ from torch.func import functional_call, jvp
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "research"))  # iif_envpool.py, optional
 SGD = dict(optimizer="sgd", learning_rate=5e-3)  # TracIn's setting, on all but BipedalWalker
-PRESETS = {  # App. B.1-B.2: each env's budget, optimizer, filter p, test episodes; envpool: its C++ port's kwargs
+PORT = dict(envpool={}, auto=("gymnasium", "envpool"))  # its C++ port's kwargs; the backends of Stage I and the test
+PRESETS = {  # App. B.2: each env's budget, optimizer, test episodes; App. C.6: the filter p
     "FrozenLake-v1": dict(**SGD, total_timesteps=102_400, filter_p=0.5, eval_episodes=1000,
                           env_kwargs=dict(map_name="4x4", is_slippery=False)),
-    "MiniGrid-Empty-8x8-v0": dict(**SGD, total_timesteps=81_920, filter_p=0.125, eval_episodes=1000, envpool={}),
-    "Acrobot-v1": dict(**SGD, total_timesteps=102_400, filter_p=0.5, eval_episodes=1000, envpool={}),
-    "highway-v0": dict(  # App. B.2's clip at 0.5 (the release, which has no highway, clips none)
-        **SGD, total_timesteps=204_800, filter_p=0.5, eval_episodes=100, max_grad_norm=0.5,
+    "MiniGrid-Empty-8x8-v0": dict(**SGD, **PORT, total_timesteps=81_920, filter_p=0.125, eval_episodes=1000),
+    "Acrobot-v1": dict(**SGD, **PORT, total_timesteps=102_400, filter_p=0.5, eval_episodes=1000),
+    "highway-v0": dict(  # App. B.2 clips at 0.5 everywhere, the release (no highway) nowhere: here only
+        **SGD, total_timesteps=204_800, filter_p=0.5, eval_episodes=100, max_grad_norm=0.5, auto=("envpool",) * 2,
         envpool=dict(vehicles_count=10), env_kwargs=dict(config=dict(  # a misspelt key is silently ignored
             vehicles_count=10, observation=dict(type="Kinematics"), action=dict(type="DiscreteMetaAction")))),
-    "LunarLander-v3": dict(**SGD, total_timesteps=307_200, filter_p=0.125, eval_episodes=1000, envpool={}),
-    "BipedalWalker-v3": dict(total_timesteps=1_024_000, optimizer="adam", learning_rate=3e-4,
-                             filter_p=0.0625, eval_episodes=100, envpool={}),
+    "LunarLander-v3": dict(**SGD, **PORT, total_timesteps=307_200, filter_p=0.125, eval_episodes=1000),
+    "BipedalWalker-v3": dict(**PORT, total_timesteps=1_024_000, optimizer="adam", learning_rate=3e-4,
+                             filter_p=0.0625, eval_episodes=100),
 }
 # any other env: SB3's PPO defaults, 50 rounds, no filter (filtering every round slowed DoorKey: docs/usage.md)
 DEFAULTS = dict(total_timesteps=102_400, optimizer="adam", learning_rate=3e-4, filter_p=0.5,
                 eval_episodes=100, filter_method="none")
-MAX_EPISODE_STEPS = 1000  # the time limit of an env registered without one
-OUTSIDE = dict(  # the line an env without a preset prints (README: "Outside the paper's six environments")
-    none="not a paper env: standard PPO (--filter-method influence filters)",
-    influence="not a paper env: IIF filters every round, as Alg. 1; measured so over 5 seeds, its SE_ave was "
-              "-72.9 % on MiniGrid-DoorKey-5x5 (t-interval below 0), -13.8 % on CartPole-v1 (docs/usage.md)",
-    random="not a paper env: random filtering every round")
+OUTSIDE = dict(  # the line an env without a preset prints (docs/usage.md, "Your own environment")
+    none="not a paper env: standard PPO (--filter-method influence filters)", random="not a paper env: random "
+    "filtering every round", influence="not a paper env: IIF filters every round, as Alg. 1 (docs/usage.md: what it "
+    "did on CartPole and DoorKey)")
 
 
 def preset_of(env_id):
@@ -83,7 +82,7 @@ class Args:
     filter_method: Annotated[Optional[Literal["influence", "random", "none"]], by_preset("filter_method")] = None
     """influence: IIF; random: drop as many records at random; none: standard PPO (scored, none dropped)"""
     max_grad_norm: Annotated[Optional[float], by_preset("max_grad_norm")] = None
-    """gradient-norm clip; 0: none (the released code; App. B.2's 0.5 on highway)"""
+    """gradient-norm clip; 0: none (App. B.2 lists 0.5, the released code clips none; here 0.5 on highway only)"""
     num_envs: int = 1
     """parallel environments collecting the buffer"""
     num_steps: int = 2048
@@ -104,15 +103,18 @@ class Args:
     """value loss coefficient"""
     seed: int = 1
     """seed of torch, numpy, the environments and the random filter"""
+    exp_name: Annotated[Optional[str], tyro.conf.arg(help_behavior_hint="(default: the filter method)")] = None
+    """the experiment's name, in the run's (CleanRL's pattern)"""
     run_name: Annotated[Optional[str], tyro.conf.arg(
-        help_behavior_hint="(default: <env-id>__<filter-method>__<seed>__<time>)")] = None
+        help_behavior_hint="(default: <env-id>__<exp-name>__<seed>__<time>)")] = None
     """results go to <runs-dir>/<run-name>/"""
     runs_dir: str = "runs"
     """parent folder of the run folders"""
     save_rounds: bool = False
     """also write <run>/rounds/round_KKKK.pt: theta(k) and the scored buffer B(k) of every round"""
     env_backend: Literal["auto", "gymnasium", "envpool"] = "auto"
-    """gymnasium (the paper's), envpool (C++ ports, research/iif_envpool.py) or auto: envpool where ported"""
+    """both stages on gymnasium (the paper's envs) or envpool (C++ ports, research/iif_envpool.py); auto: Stage I on
+    the paper's env (but highway's port), the test episodes on envpool where ported (docs/backends.md)"""
     cuda: bool = True
     """run the agent on CUDA where there is a GPU (else the CPU)"""
     torch_deterministic: bool = True
@@ -126,11 +128,12 @@ class Args:
     capture_video: bool = False
     """record a test episode to videos/<run-name>/ every tenth of the rounds (pip install moviepy)"""
     save_model: bool = False
-    """write the agent and its flags to <runs-dir>/<run-name>/iif.cleanrl_model (so does --save-rounds)"""
+    """save the agent's state_dict to <run>/iif.cleanrl_model, as CleanRL (so does --save-rounds), and test it"""
     eval_model: Annotated[Optional[str], tyro.conf.arg(help_behavior_hint="(default: train)")] = None
-    """no training: test the agent of an iif.cleanrl_model on its env (--eval-episodes, --capture-video)"""
-    batch_size: tyro.conf.Suppress[int] = 0  # this and num_rounds: filled in by resolve_args, not flags
-    num_rounds: tyro.conf.Suppress[int] = 0
+    """no training: test a saved iif.cleanrl_model on its run's env (--eval-episodes, --capture-video)"""
+    batch_size: tyro.conf.Suppress[int] = 0  # this, num_rounds and backends (Stage I's, the test's): filled in by
+    num_rounds: tyro.conf.Suppress[int] = 0  # resolve_args, not flags
+    backends: tyro.conf.Suppress[tuple] = ()
 
 
 # ---- The environment and the agent (App. B.2) ----
@@ -142,7 +145,7 @@ def make_env(env_id, render_mode=None):  # a thunk: an env observing a flat floa
         frames = {"render_mode": render_mode} if render_mode else {}  # not every env takes the keyword
         env = gym.make(env_id, **frames, **PRESETS.get(env_id, {}).get("env_kwargs", {}))
         if env.spec is None or env.spec.max_episode_steps is None:  # else a policy may never stop
-            env = gym.wrappers.TimeLimit(env, MAX_EPISODE_STEPS)
+            env = gym.wrappers.TimeLimit(env, 1000)
         if env_id.startswith("MiniGrid"):
             from minigrid.wrappers import ImgObsWrapper
             env = ImgObsWrapper(env)  # the 7x7x3 egocentric view; the agent scales it by 1/255
@@ -158,8 +161,8 @@ def make_env(env_id, render_mode=None):  # a thunk: an env observing a flat floa
     return thunk
 
 
-def make_vec(args, n):
-    if args.env_backend == "envpool":  # batched C++ ports, in the optional research/iif_envpool.py
+def make_vec(args, n, backend):
+    if backend == "envpool":  # batched C++ ports, in the optional research/iif_envpool.py
         from iif_envpool import EnvpoolVec
         return EnvpoolVec(args.env_id, PRESETS[args.env_id]["envpool"], n, 1)
     # SAME_STEP: a step that ends an episode returns the next one's first obs, the last in info["final_obs"]
@@ -228,7 +231,8 @@ def as_tensor(x, device):  # observations, on the agent's device
 # ---- Stage I of Alg. 1: the rollout buffer B(k) and its advantages (Sec. 2.1) ----
 def collect_rollout(agent, envs, next_obs, ep, args):
     """B(k) at theta(k) with log pi(a|s), V(s) and GAE advantages; record t * num_envs + e is step t of env e.
-    Also the next obs, the mean return and length of the episodes ended (nan if none); ep: those under way."""
+    Also the next obs and the episodes ended, a row each: return, length, the step t that ended it; ep: those
+    under way (their returns and lengths)."""
     T, N, act_space = args.num_steps, args.num_envs, envs.single_action_space
     device = next(agent.parameters()).device
     obs = np.zeros((T, N) + envs.single_observation_space.shape, dtype=np.float32)
@@ -243,7 +247,7 @@ def collect_rollout(agent, envs, next_obs, ep, args):
             env_action(agent, action, act_space))
         ep += [rewards[step], np.ones(N)]
         for i in np.flatnonzero(terminations[step] | truncations[step]):
-            ended.append(ep[:, i].copy())
+            ended.append((*ep[:, i], step))
             ep[:, i] = 0.0
             if truncations[step, i] and not terminations[step, i]:
                 truncated.append((step, i, info["final_obs"][i]))
@@ -261,8 +265,7 @@ def collect_rollout(agent, envs, next_obs, ep, args):
         r["next_values"][steps, env_ids] = agent.value(final_obs)
     r["advantages"], r["returns"] = compute_gae(r["rewards"], r["values"], r["next_values"], r["terminations"],
                                                 r["dones"], args.gamma, args.gae_lambda)
-    train_return, train_length = np.mean(ended, 0) if ended else (float("nan"),) * 2
-    return {key: v.flatten(0, 1) for key, v in r.items()}, next_obs, float(train_return), float(train_length)
+    return {key: v.flatten(0, 1) for key, v in r.items()}, next_obs, np.array(ended).reshape(-1, 3)
 
 
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
@@ -301,7 +304,8 @@ def ppo_losses(agent, b, idx, args, params=None, adv=None, vf_coef=None, parts=N
 
 
 def f_return(agent, params, obs, actions, a_hat):
-    """Sec. 3.1's f_return: mean log pi_theta(a|s) x raw GAE A_hat over B(k), a sample of pi_ref = pi_theta(k)"""
+    """Sec. 3.1's f_return: mean log pi_theta(a|s) x raw GAE A_hat over B(k), a sample of pi_ref = pi_theta(k);
+    raw as the paper and the release (rlhf_iif.py whitens A_hat, as its TRL training does: one A_hat for both)"""
     logp, _, _ = functional_call(agent, params, (obs, actions), {"critic": False})
     return (logp * a_hat).mean()
 
@@ -322,7 +326,8 @@ def influence(agent, b, args, target=None):
     frozen = {k: v.detach() for k, v in params.items() if k not in g}  # the separate critic
     adv = normalize(b["advantages"])  # l_i's A_hat normalised over B(k), as its minibatches will be on average
 
-    def losses(p):  # theta -> (l_1(theta), ..., l_n(theta)), their policy terms only (as released)
+    # theta -> (l_1(theta), ..., l_n(theta)), their policy terms only, as released (rlhf_iif.py keeps the value
+    def losses(p):  # term: its value head shares the LM's trunk, so the value loss moves the policy there)
         return ppo_losses(agent, b, slice(None), args, {**frozen, **p}, adv, vf_coef=0.0)
     _, dl = jvp(losses, (primals,), (g,))
     return -dl
@@ -408,9 +413,8 @@ def evaluate(agent, envs, n_episodes, seed):
 METRICS = ["round", "global_step", "train_return", "train_length", "test_return_mean", "test_return_std",
            "n_records", "n_kept", "n_dropped", "n_negative", "n_updates", "kl",
            "t_rollout", "t_influence", "t_optim", "t_eval", *DIAGNOSTICS, "explained_var"]
-# TensorBoard: CleanRL's scalar names, and IIF's under iif/ (metrics.csv's columns)
-SCALARS = {"charts/episodic_return": "train_return", "charts/episodic_length": "train_length",
-           "charts/SPS": "sps", "losses/value_loss": "vf_loss", "losses/policy_loss": "pg_loss",
+# TensorBoard, a point a round: CleanRL's scalar names, and IIF's under iif/ (metrics.csv's columns)
+SCALARS = {"charts/SPS": "sps", "losses/value_loss": "vf_loss", "losses/policy_loss": "pg_loss",
            "losses/entropy": "entropy", "losses/old_approx_kl": "old_approx_kl", "losses/approx_kl": "approx_kl",
            "losses/clipfrac": "clip_frac", "losses/explained_variance": "explained_var",
            "iif/test_return": "test_return_mean", "iif/n_kept": "n_kept", "iif/n_negative": "n_negative",
@@ -423,18 +427,17 @@ def main(args):
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
-    rng = np.random.default_rng(args.seed)  # minibatch shuffling
-    gen = torch.Generator().manual_seed(args.seed)  # random filtering
-    envs = make_vec(args, args.num_envs)
-    n_eval = args.eval_episodes if args.env_backend == "envpool" else min(16, args.eval_episodes)
-    eval_envs = make_vec(args, n_eval)  # test episodes: one env each on envpool, 16 Python envs on gymnasium
+    rng, gen = np.random.default_rng(args.seed), torch.Generator().manual_seed(args.seed)  # minibatches, filter
+    envs = make_vec(args, args.num_envs, args.backends[0])
+    n_eval = args.eval_episodes if args.backends[1] == "envpool" else min(16, args.eval_episodes)
+    eval_envs = make_vec(args, n_eval, args.backends[1])  # test episodes: one env each on envpool, 16 on gymnasium
     agent = Agent(envs.single_observation_space, envs.single_action_space).to(device)
     if args.eval_model:  # no training: the saved agent's test return (and a video)
-        agent.load_state_dict(torch.load(args.eval_model, map_location=device)["agent"])
-        if args.capture_video:
-            record_video(agent, args, 0)
+        agent.load_state_dict(torch.load(args.eval_model, map_location=device))
         test = evaluate(agent, eval_envs, args.eval_episodes, args.seed + 10_000)
         print(f"{args.eval_model}: test return {test[0]:.3f} +- {test[1]:.3f} over {args.eval_episodes} episodes")
+        if args.capture_video:
+            record_video(agent, args, 0)
         return
     optimizer = make_optimizer(agent, args)
     run_dir = os.path.join(args.runs_dir, args.run_name)
@@ -446,8 +449,15 @@ def main(args):
     metrics_file = open(os.path.join(run_dir, "metrics.csv"), "w", newline="")
     metrics = csv.DictWriter(metrics_file, fieldnames=METRICS)
     metrics.writeheader()
-    writer = tensorboard(args, run_dir)
-    print(f"{args.env_id} on {args.env_backend}, {device}: {args.num_rounds} rounds of "
+    if args.track:  # wandb, syncing TensorBoard's scalars
+        import wandb
+        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
+                   config=dataclasses.asdict(args), name=args.run_name, save_code=True)
+    from torch.utils.tensorboard import SummaryWriter
+    writer = SummaryWriter(run_dir)  # CleanRL's, with the flags as a table
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+        f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items()))
+    print(f"{args.env_id} on {args.backends[0]}, tests on {args.backends[1]}, {device}: {args.num_rounds} rounds of "
           f"{args.batch_size} records, filter {args.filter_method} p={args.filter_p}, {args.optimizer}"
           f" lr={args.learning_rate}, {args.eval_episodes} test episodes a round -> {run_dir}")
     next_obs, _ = envs.reset(seed=args.seed)
@@ -456,7 +466,7 @@ def main(args):
     for k in range(args.num_rounds):
         t0 = time.perf_counter()
         # Stage I (Alg. 1): collect the rollout buffer B(k) with the policy at theta(k)
-        b, next_obs, train_return, train_length = collect_rollout(agent, envs, next_obs, ep, args)
+        b, next_obs, episodes = collect_rollout(agent, envs, next_obs, ep, args)
         t1 = time.perf_counter()
         # Stage II (Alg. 1): score every record at theta(k) (Sec. 5.1), drop the bottom ones
         scores = influence(agent, b, args)
@@ -475,47 +485,38 @@ def main(args):
         t4 = time.perf_counter()
         if args.capture_video and k % max(1, args.num_rounds // 10) == 0:
             record_video(agent, args, k)
-        ended = not math.isnan(train_return)  # some training episode ended in this round
-        row = dict(round=k, global_step=(k + 1) * args.batch_size, train_return=train_return if ended else None,
-                   train_length=train_length if ended else None, test_return_mean=test_mean,
-                   test_return_std=test_std, n_records=args.batch_size, n_kept=int(kept.sum()),
-                   n_dropped=int((~kept).sum()), n_negative=n_negative, n_updates=n_updates,
-                   kl=approx_kl(agent, b), t_rollout=t1 - t0, t_influence=t2 - t1, t_optim=t3 - t2,
-                   t_eval=t4 - t3, **stats, explained_var=explained_variance(b))
+        ended = len(episodes) > 0  # the training episodes that ended: their mean return and length
+        train_return, train_length = (float(x) for x in episodes[:, :2].mean(0)) if ended else (None, None)
+        row = dict(round=k, global_step=(k + 1) * args.batch_size, train_return=train_return,
+                   train_length=train_length, test_return_mean=test_mean, test_return_std=test_std,
+                   n_records=args.batch_size, n_kept=int(kept.sum()), n_dropped=int((~kept).sum()),
+                   n_negative=n_negative, n_updates=n_updates, kl=approx_kl(agent, b), t_rollout=t1 - t0,
+                   t_influence=t2 - t1, t_optim=t3 - t2, t_eval=t4 - t3, **stats, explained_var=explained_variance(b))
         metrics.writerow(row)
         metrics_file.flush()  # an interrupted run keeps every finished round
-        sps = int(row["global_step"] / (time.perf_counter() - start))
-        logged = {**row, "sps": sps}
+        logged = {**row, "sps": int(row["global_step"] / (time.perf_counter() - start))}
         for tag, key in SCALARS.items():
             if logged[key] is not None:
                 writer.add_scalar(tag, logged[key], row["global_step"])
+        for ret, length, t in episodes:  # as CleanRL: each training episode at the global step that ended it
+            writer.add_scalar("charts/episodic_return", ret, k * args.batch_size + (t + 1) * args.num_envs)
+            writer.add_scalar("charts/episodic_length", length, k * args.batch_size + (t + 1) * args.num_envs)
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], row["global_step"])
-        writer.add_histogram("iif/influence", scores, row["global_step"])
+        writer.add_histogram("iif/influence", scores, row["global_step"])  # Stage II's scores
         if args.save_rounds:
             torch.save(dict(b, round=k, global_step=row["global_step"], state_dict=theta_k,
                             influence=scores, kept=kept, influence_tracin=None, target="f_return"),
                        os.path.join(run_dir, "rounds", f"round_{k:04d}.pt"))
-        print(f"round {k} [{k + 1}/{args.num_rounds}] step {row['global_step']} SPS {sps} | train "
+        print(f"round {k} [{k + 1}/{args.num_rounds}] step {row['global_step']} SPS {logged['sps']} | train "
               f"{f'{train_return:.3f}' if ended else '(no episode ended)'} test {test_mean:.3f} +- "
               f"{test_std:.3f} | kept {row['n_kept']}/{args.batch_size} (neg {n_negative}) | s: rollout "
               f"{t1 - t0:.2f} influence {t2 - t1:.2f} optim {t3 - t2:.2f} eval {t4 - t3:.2f}", flush=True)
-    if args.save_model or args.save_rounds:  # python iif.py --eval-model <run>/iif.cleanrl_model
-        torch.save(dict(args=dataclasses.asdict(args), agent=agent.state_dict()),
-                   os.path.join(run_dir, "iif.cleanrl_model"))
+    if args.save_model or args.save_rounds:  # as CleanRL: the state_dict (its flags: config.json), 10 test episodes
+        torch.save(agent.state_dict(), os.path.join(run_dir, "iif.cleanrl_model"))  # more: --eval-model <that file>
+        for idx in range(10):
+            writer.add_scalar("eval/episodic_return", evaluate(agent, eval_envs, 1, args.seed + 30_000 + idx)[0], idx)
     for resource in (writer, metrics_file, envs, eval_envs):
         resource.close()
-
-
-def tensorboard(args, run_dir):  # CleanRL's SummaryWriter, the flags as a table; --track: wandb, synced
-    if args.track:
-        import wandb
-        wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, sync_tensorboard=True,
-                   config=dataclasses.asdict(args), name=args.run_name, save_code=True)
-    from torch.utils.tensorboard import SummaryWriter
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-        f"|{key}|{value}|" for key, value in dataclasses.asdict(args).items()))
-    return writer
 
 
 def record_video(agent, args, k):  # --capture-video: a test episode to videos/<run-name>/, with its own RNG
@@ -534,19 +535,19 @@ def fail(msg):
 
 
 def resolve_args(args):  # fill in preset and sizes, check flags and env: bad input stops here, naming the flag
-    if args.eval_model:  # the saved run's env; the test's flags from this command
-        try:
-            saved = torch.load(args.eval_model, map_location="cpu")["args"]
-        except (OSError, KeyError, RuntimeError, TypeError) as e:
-            fail(f"--eval-model {args.eval_model!r} is not an iif.cleanrl_model ({type(e).__name__}: {e})")
+    if args.eval_model:  # the saved run's env, from the config.json beside it; the test's flags from this command
+        config = os.path.join(os.path.dirname(args.eval_model), "config.json")
+        if not (os.path.isfile(args.eval_model) and os.path.isfile(config)):
+            fail(f"--eval-model {args.eval_model!r}: no such file, or no config.json of its run beside it")
+        with open(config) as f:
+            saved = json.load(f)
         args.env_id, args.run_name = saved["env_id"], args.run_name or saved["run_name"] + "-eval"
     for flag, package in [("track", "wandb"), ("capture_video", "moviepy")]:
         if getattr(args, flag) and not importlib.util.find_spec(package):
             fail(f"--{flag.replace('_', '-')} needs {package}: pip install {package}")
-    preset = preset_of(args.env_id)
-    for key in preset_of(None):  # the flags a preset sets
-        if getattr(args, key) is None:
-            setattr(args, key, preset[key])
+    for key, value in preset_of(args.env_id).items():  # the preset's values of the flags not given
+        if key in preset_of(None) and getattr(args, key) is None:
+            setattr(args, key, value)
     if args.env_id not in PRESETS and args.filter_method in OUTSIDE:
         print(OUTSIDE[args.filter_method], file=sys.stderr)
     for key, ok, allowed in [(k, getattr(args, k) >= 1, "at least 1") for k in (
@@ -568,10 +569,10 @@ def resolve_args(args):  # fill in preset and sizes, check flags and env: bad in
     if args.env_backend == "envpool" and not ported:
         fail("--env-backend envpool needs the envpool package, research/iif_envpool.py and a "
              f"preset with a port ({', '.join(k for k, v in PRESETS.items() if 'envpool' in v)})")
-    if args.env_backend == "auto":
-        args.env_backend = "envpool" if ported else "gymnasium"
+    auto = PRESETS[args.env_id]["auto"] if ported else ("gymnasium",) * 2  # (Stage I's backend, the test's)
+    args.backends = auto if args.env_backend == "auto" else (args.env_backend,) * 2
     try:
-        env = make_vec(args, 1)
+        env = make_vec(args, 1, args.backends[0])
     except (gym.error.Error, ImportError) as e:
         fail(f"--env-id {args.env_id!r} cannot be made ({type(e).__name__}: {e})")
     obs_space, act_space = env.single_observation_space, env.single_action_space
@@ -584,9 +585,9 @@ def resolve_args(args):  # fill in preset and sizes, check flags and env: bad in
             and len(act_space.shape) == 1):
         fail(f"--env-id {args.env_id}: spaces {obs_space}, {act_space} are not supported (observa"
              "tion: Discrete or a Box of 1 to 3 dimensions; action: Discrete or a 1-D Box)")
-    if args.run_name is None:  # no ":" or "/" of a module:id in the folder's name
-        safe_id = re.sub(r"[^\w.-]", "_", args.env_id)
-        args.run_name = f"{safe_id}__{args.filter_method}__{args.seed}__{int(time.time())}"
+    args.exp_name = args.exp_name or args.filter_method
+    safe_id = re.sub(r"[^\w.-]", "_", args.env_id)  # no ":" or "/" of a module:id in the folder's name
+    args.run_name = args.run_name or f"{safe_id}__{args.exp_name}__{args.seed}__{int(time.time())}"  # CleanRL's
     return args
 
 

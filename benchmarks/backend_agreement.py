@@ -28,7 +28,7 @@ CASES = [("Acrobot-v1", "Acrobot-v1__none__1", 1000), ("MiniGrid-Empty-8x8-v0", 
 
 def test_return(env_id, backend, agent, episodes, seed):
     args = argparse.Namespace(env_id=env_id, env_backend=backend)
-    envs = iif.make_vec(args, episodes if backend == "envpool" else 16)
+    envs = iif.make_vec(args, episodes if backend == "envpool" else 16, backend)
     torch.manual_seed(seed)
     mean, std = iif.evaluate(agent, envs, episodes, seed)
     envs.close()

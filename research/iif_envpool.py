@@ -3,11 +3,20 @@ envpool's batched C++ environments behind the gymnasium vector API that iif.py u
 iif.py imports it only for that backend, and without this file (or without the envpool package)
 runs every preset on gymnasium. docs/backends.md compares the two backends.
 """
+import importlib
+import sys
+import types
 import warnings
 
-import envpool
-import gymnasium as gym
-import numpy as np
+# envpool's __init__ registers all its families (1-2 s of imports: matplotlib, jumanji, MuJoCo...); register only
+# those of iif.py's ports (a process that imported envpool before this file keeps them all)
+sys.modules.setdefault("envpool.entry", types.ModuleType("envpool.entry"))
+import envpool  # noqa: E402
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+
+for family in ("box2d", "classic_control", "highway", "minigrid"):
+    importlib.import_module(f"envpool.{family}.registration")
 
 
 class EnvpoolVec:

@@ -136,8 +136,8 @@ class Args(iif.Args):
     target_act: tyro.conf.Suppress[Optional[list]] = None
 
 
-def make_vec(args, n):
-    if args.env_backend == "envpool":
+def make_vec(args, n, backend):
+    if backend == "envpool":
         from iif_envpool import EnvpoolVec
         return EnvpoolVec(args.env_id, PRESETS[args.env_id]["envpool"], n, args.threads)
     vec = gym.vector.AsyncVectorEnv if args.async_envs else gym.vector.SyncVectorEnv
@@ -259,7 +259,7 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng, target=None, sample_p=N
     mbs = args.minibatch_size
     tracin = None if target is None else torch.zeros_like(b["advantages"])
     n_updates, stats = 0, []
-    critic_rng = copy.deepcopy(rng) if args.critic_records == "all" else None
+    critic_rng = copy.deepcopy(rng) if getattr(args, "critic_records", "kept") == "all" else None  # old configs: kept
 
     def done():  # the steps, the scores, and the means of the steps' DIAGNOSTICS for the row
         diagnostics.update(zip(DIAGNOSTICS, np.mean(stats, 0) if stats else [None] * len(DIAGNOSTICS)))
@@ -480,8 +480,8 @@ def main(args):
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)  # minibatch shuffling
     gen = torch.Generator().manual_seed(args.seed)  # random filtering
-    envs = make_vec(args, args.num_envs)
-    eval_envs = make_vec(args, min(args.eval_envs, args.eval_episodes))
+    envs = make_vec(args, args.num_envs, args.backends[0])
+    eval_envs = make_vec(args, min(args.eval_envs, args.eval_episodes), args.backends[1])
     agent = Agent(envs.single_observation_space, envs.single_action_space)
     optimizer = make_optimizer(agent, args) if args.hold_step == "none" else held_optimizer(agent, args)
     run = Run(args, agent, optimizer, rng, gen)  # the run folder; --resume restores its last round
@@ -496,8 +496,7 @@ def main(args):
                 next_obs = reseed_round(envs, ep_ret, args)
             # Stage I (Alg. 1)
             with timed("t_rollout"):
-                b, next_obs, train_return, train_length = collect_rollout(agent, envs, next_obs,
-                                                                          ep_ret, args)
+                b, next_obs, episodes = collect_rollout(agent, envs, next_obs, ep_ret, args)
             if k == args.reseed_from:  # other randomness from here
                 torch.manual_seed(args.seed + 1_000_003)
                 rng.bit_generator.state = np.random.default_rng(args.seed + 1_000_003).bit_generator.state
@@ -542,9 +541,10 @@ def main(args):
                 if (k + 1) % args.eval_every == 0:
                     test = evaluate(agent, eval_envs, args.eval_episodes, args.seed + 10_000)
 
+            ended = episodes[:, :2].mean(0) if len(episodes) else (None, None)  # the training episodes'
+            train_return, train_length = (None if x is None else float(x) for x in ended)
             row = dict(round=k, global_step=(k + 1) * args.batch_size,
-                       train_return=None if math.isnan(train_return) else train_return,
-                       train_length=None if math.isnan(train_length) else train_length,
+                       train_return=train_return, train_length=train_length,
                        test_return_mean=test[0], test_return_std=test[1],
                        n_records=args.batch_size, n_kept=int(kept.sum()),
                        n_dropped=int((~kept).sum()), n_negative=n_negative, agreement=agreement,
@@ -596,7 +596,7 @@ def resolve_args(args):
     if args.influence_mode == "tracin" and not args.save_rounds:
         fail("--influence-mode tracin writes its scores into the round files: add --save-rounds")
     if args.eval_envs is None:
-        args.eval_envs = args.eval_episodes if args.env_backend == "envpool" else 16
+        args.eval_envs = args.eval_episodes if args.backends[1] == "envpool" else 16
     if args.eval_envs < 1:
         fail(f"--eval-envs must be at least 1, got {args.eval_envs}")
     if args.filter_method not in ("adv-error", "adv-product") and args.target != "f_action":
@@ -640,9 +640,9 @@ HOLD_COLUMNS = ["kl_ref", "lr_scale", "n_tries", "t_hold"]
 METRICS = iif.METRICS[:iif.METRICS.index("n_negative") + 1] + ["agreement"] + iif.METRICS[
     iif.METRICS.index("n_negative") + 1:]
 # flags a resumed run may change, and the values resolve_args derives from the others
-NOT_COMPARED = ("resume", "save_states", "threads", "runs_dir", "batch_size", "num_rounds", "env_kwargs",
-                "target_obs", "target_act", "cuda", "torch_deterministic", "track", "wandb_project_name",
-                "wandb_entity", "capture_video", "save_model", "eval_model")
+NOT_COMPARED = ("resume", "save_states", "threads", "runs_dir", "backends", "exp_name", "batch_size",
+                "num_rounds", "env_kwargs", "target_obs", "target_act", "cuda", "torch_deterministic", "track",
+                "wandb_project_name", "wandb_entity", "capture_video", "save_model", "eval_model")
 # flags newer than some saved runs: a config.json without them was made with them off
 ADDED_FLAGS = dict(min_agreement=-1.0, influence_precond="none", target_kl=0.0, score_log_std=True,
                    reseed_rounds=False, hold_step="none", hold_to="standard", reseed_from=-1,
@@ -682,8 +682,8 @@ class Run:
         self.writer.writeheader()
         self.writer.writerows(rows)
         self.file.flush()
-        print(f"{args.env_id} on {args.env_backend}: {args.num_rounds} rounds of {args.batch_size} "
-              f"records, filter {args.filter_method} p={args.filter_p}, {args.optimizer} "
+        print(f"{args.env_id} on {args.backends[0]}, tests on {args.backends[1]}: {args.num_rounds} rounds "
+              f"of {args.batch_size} records, filter {args.filter_method} p={args.filter_p}, {args.optimizer} "
               f"lr={args.learning_rate}, {args.eval_episodes} test episodes every "
               f"{args.eval_every} round(s) -> {self.dir}"
               + (f" (resumed at round {self.start})" if self.start else ""))

@@ -8,7 +8,8 @@ Two arms are compared seed by seed: the arms of one seed share theta(0) and B(0)
   over its cells (statsmodels' multipletests);
 - "ahead" or "behind" only where the Holm-adjusted p is below 0.05; else "not detected over N seeds".
 SE_ave's reading is antisymmetric (`antisymmetric`): SE_ave over one arm's record levels leans below 0 even between
-two copies of one run, since its levels sit on that arm's own upward noise. tests/test_verdicts.py checks the reading on a synthetic pair and Holm against a hand computation.
+two copies of one run, since its levels sit on that arm's own upward noise. tests/test_verdicts.py checks the
+reading on a synthetic pair and Holm against a hand computation.
 """
 import math
 

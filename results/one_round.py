@@ -47,7 +47,9 @@ def load_args(run_dir):
     with open(os.path.join(run_dir, "config.json")) as f:
         saved = {**variants.ADDED_FLAGS, **json.load(f)}
     names = {f.name for f in dataclasses.fields(variants.Args)}
-    return variants.Args(**{k: v for k, v in saved.items() if k in names})
+    args = variants.Args(**{k: v for k, v in saved.items() if k in names})
+    args.backends = tuple(saved.get("backends") or (saved["env_backend"],) * 2)  # runs made before backends: one
+    return args
 
 
 def surrogate_gain(agent, fresh):
@@ -120,8 +122,8 @@ def stage_runs(envs, seeds):
                 with open(out) as f:
                     done = {int(r["round"]) for r in csv.DictReader(f)}
             args = load_args(run_dir)
-            envs_, eval_envs = variants.make_vec(args, 1), variants.make_vec(args, min(args.eval_envs,
-                                                                                        args.eval_episodes))
+            envs_ = variants.make_vec(args, 1, args.backends[0])
+            eval_envs = variants.make_vec(args, min(args.eval_envs, args.eval_episodes), args.backends[1])
             for path in states:
                 k = int(os.path.basename(path)[6:10])
                 if k in done:

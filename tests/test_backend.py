@@ -114,7 +114,7 @@ def test_same_policy_same_test_return_on_both_backends():
     agent = iif.Agent(gym.spaces.Box(-1, 1, (8,)), gym.spaces.Discrete(4))  # untrained: crashes after ~100 steps
     results = {}
     for backend, n_envs in (("gymnasium", 16), ("envpool", 100)):
-        envs = iif.make_vec(vec_args("LunarLander-v3", backend), n_envs)
+        envs = iif.make_vec(vec_args("LunarLander-v3", backend), n_envs, backend)
         results[backend] = iif.evaluate(agent, envs, 100, seed=10_000)
         envs.close()
     (m_g, s_g), (m_e, s_e) = results["gymnasium"], results["envpool"]
@@ -158,9 +158,13 @@ def test_bad_backend_and_resume_flags_fail_early(tmp_path, script, flags, messag
 
 @needs_envpool
 def test_auto_backend():
-    assert iif.resolve_args(iif.Args(env_id="Acrobot-v1")).env_backend == "envpool"
-    assert iif.resolve_args(iif.Args(env_id="FrozenLake-v1")).env_backend == "gymnasium"
-    assert iif.resolve_args(iif.Args(env_id="CartPole-v1")).env_backend == "gymnasium"  # no preset, no port
+    """auto: Stage I on the paper's gymnasium env (highway's port: highway-env is far slower), the test on envpool"""
+    assert iif.resolve_args(iif.Args(env_id="Acrobot-v1")).backends == ("gymnasium", "envpool")
+    assert iif.resolve_args(iif.Args(env_id="highway-v0")).backends == ("envpool", "envpool")
+    assert iif.resolve_args(iif.Args(env_id="FrozenLake-v1")).backends == ("gymnasium", "gymnasium")
+    assert iif.resolve_args(iif.Args(env_id="CartPole-v1")).backends == ("gymnasium", "gymnasium")  # no preset
+    for backend in ("gymnasium", "envpool"):
+        assert iif.resolve_args(iif.Args(env_id="Acrobot-v1", env_backend=backend)).backends == (backend, backend)
     a = variants.resolve_args(variants.Args(env_id="Acrobot-v1"))
     assert a.eval_envs == a.eval_episodes == 1000  # one test episode per batched env
 
@@ -274,3 +278,22 @@ def test_resume_on_envpool_keeps_each_round_once(tmp_path, monkeypatch):
     variants.main(args_for(tmp_path, *flags, "--resume"))
     rows = read_metrics(tmp_path / "r" / "metrics.csv")
     assert [int(r["round"]) for r in rows] == [0, 1, 2, 3]
+
+
+REFERENCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "backends")
+
+
+@needs_envpool
+@pytest.mark.parametrize("name", sorted(os.listdir(REFERENCE)))
+def test_each_backend_gives_what_it_gave(tmp_path, name):
+    """--env-backend gymnasium and envpool, each for both stages, against short runs committed before auto split the
+    stages (made by `python iif.py --env-id <env> --env-backend <backend> --num-steps 256 --total-timesteps 512
+    --eval-episodes 4 --runs-dir tests/data/backends --run-name <env>__<backend>`): every column but the seconds"""
+    env_id, backend = name.split("__")
+    a = iif.resolve_args(tyro.cli(iif.Args, args=["--env-id", env_id, "--env-backend", backend, "--num-steps", "256",
+                                                  "--total-timesteps", "512", "--eval-episodes", "4", "--runs-dir",
+                                                  str(tmp_path), "--run-name", "r"]))
+    assert a.backends == (backend, backend)
+    iif.main(a)
+    rows = [read_metrics(os.path.join(d, "metrics.csv")) for d in (os.path.join(REFERENCE, name), tmp_path / "r")]
+    assert without_times(rows[0]) == without_times(rows[1])

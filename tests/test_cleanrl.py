@@ -29,7 +29,7 @@ def iif_py(tmp_path, *flags, env=None):
 
 def test_tensorboard_video_and_a_saved_model_that_tests_again(tmp_path):
     proc = iif_py(tmp_path, *CARTPOLE, "--run-name", "cp", "--capture-video", "--save-model")
-    assert " SPS " in proc.stdout and "on gymnasium, cpu" in proc.stdout
+    assert " SPS " in proc.stdout and "on gymnasium, tests on gymnasium, cpu" in proc.stdout
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(tmp_path / "runs" / "cp"), size_guidance={"scalars": 0})
     acc.Reload()
@@ -40,16 +40,25 @@ def test_tensorboard_video_and_a_saved_model_that_tests_again(tmp_path):
     assert "iif/influence" in tags["histograms"] and "hyperparameters/text_summary" in tags["tensors"]
     with open(tmp_path / "runs" / "cp" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    for tag, column in [("charts/episodic_return", "train_return"), ("charts/episodic_length", "train_length"),
-                        ("iif/test_return", "test_return_mean"), ("losses/approx_kl", "approx_kl")]:
+    for tag, column in [("iif/test_return", "test_return_mean"), ("losses/approx_kl", "approx_kl")]:
         logged = [(e.step, e.value) for e in acc.Scalars(tag)]
         assert logged == [(int(r["global_step"]), pytest.approx(float(r[column]), rel=1e-6)) for r in rows], tag
     assert [e.step for e in acc.Scalars("charts/SPS")] == [2048, 4096, 6144, 8192]
+    # as CleanRL: a point per finished training episode at the step that ended it, their round's mean in metrics.csv
+    returns, lengths = ([(e.step, e.value) for e in acc.Scalars(f"charts/episodic_{x}")] for x in ("return", "length"))
+    assert len(returns) == len(lengths) > 4 * 10 and [s for s, _ in returns] == [s for s, _ in lengths]
+    ends = np.cumsum([v for _, v in lengths])  # CartPole: one env, so episode i ends at the sum of the lengths so far
+    assert [s for s, _ in lengths] == [int(e) for e in ends]
+    assert [v for _, v in returns] == [v for _, v in lengths]  # CartPole's return is its length
+    for r, k in zip(rows, range(4)):
+        mine = [v for s, v in returns if 2048 * k < s <= 2048 * (k + 1)]
+        assert float(r["train_return"]) == pytest.approx(np.mean(mine), rel=1e-6) and int(r["n_records"]) == 2048
     videos = sorted(os.listdir(tmp_path / "videos" / "cp"))  # 4 rounds: one video each
     assert videos == [f"round-{k}-episode-0.mp4" for k in range(4)]
     assert all(os.path.getsize(tmp_path / "videos" / "cp" / v) > 1000 for v in videos)
-    model = torch.load(tmp_path / "runs" / "cp" / "iif.cleanrl_model")
-    assert model["args"]["env_id"] == "CartPole-v1" and "actor.0.weight" in model["agent"]
+    agent = iif.Agent(gym.spaces.Box(-np.inf, np.inf, (4,)), gym.spaces.Discrete(2))  # CleanRL's way to load it
+    agent.load_state_dict(torch.load(tmp_path / "runs" / "cp" / "iif.cleanrl_model"))
+    assert [e.step for e in acc.Scalars("eval/episodic_return")] == list(range(10))  # the saved agent, tested
     assert not (tmp_path / "runs" / "cp" / "agent.pt").exists()
     out = iif_py(tmp_path, "--eval-model", "runs/cp/iif.cleanrl_model", "--eval-episodes", "7", "--capture-video")
     assert "test return" in out.stdout and "over 7 episodes" in out.stdout
@@ -102,7 +111,7 @@ def test_capture_video_on_an_env_without_frames_stops_at_once(tmp_path):
         iif.resolve_args(tyro.cli(iif.Args, args=["--env-id", "NoFrames-v0", "--capture-video", "--runs-dir",
                                                    str(tmp_path)]))
     assert not os.listdir(tmp_path)
-    with pytest.raises(SystemExit, match="--eval-model 'nothing.cleanrl_model' is not an iif.cleanrl_model"):
+    with pytest.raises(SystemExit, match="--eval-model 'nothing.cleanrl_model': no such file"):
         iif.resolve_args(tyro.cli(iif.Args, args=["--eval-model", "nothing.cleanrl_model"]))
 
 
@@ -115,3 +124,41 @@ def test_help_shows_every_presets_value_and_no_none():
                  "highway 0.5, LunarLander 0.0", "other envs none", "--track", "--capture-video", "--save-model",
                  "--cuda", "--torch-deterministic", "--eval-model"):
         assert text in out, text
+
+
+def flags_of(help_text):
+    """--help's flags, each one's help joined into a line (tyro's box and line breaks away)"""
+    flags = []
+    for line in help_text.splitlines():
+        line = line.strip().strip("│").strip()
+        if line.startswith("--"):
+            flags.append(line)
+        elif line.startswith(("╭", "╰")) or not flags:
+            continue
+        elif line:
+            flags[-1] += " " + line
+    return flags
+
+
+def doubled_defaults(help_text):
+    """The flags whose help states a default and then tyro's "(default: None)" after it"""
+    return [f for f in flags_of(help_text) if "(default: None)" in f and "default" in f[:f.index("(default: None)")]]
+
+
+def test_doubled_defaults_are_found():
+    old = ("│ --threads {None}|INT  torch CPU threads (default: torch's choice) (default: None) │\n"
+           "│ --rounds {None}|INT                                                             │\n"
+           "│                       training rounds (default: one pass) (default: None)       │\n"
+           "│ --seed INT            seed (default: 1)                                         │\n"
+           "│ --target-state {None}|STR  f_action's state (default: None)                     │")
+    assert len(flags_of(old)) == 4 and [f.split()[0] for f in doubled_defaults(old)] == ["--threads", "--rounds"]
+
+
+@pytest.mark.parametrize("script", ["iif.py", "rlhf_iif.py", "research/iif_variants.py", "research/rlhf_variants.py",
+                                    "research/grpo_iif.py"])
+def test_no_help_says_default_none_after_stating_a_default(script):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, script), "--help"], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, COLUMNS="200", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(flags_of(proc.stdout)) >= 20 and "--seed INT" in proc.stdout
+    assert doubled_defaults(proc.stdout) == []

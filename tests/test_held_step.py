@@ -33,7 +33,7 @@ def setup(tmp_path, *flags):
     args = variants.resolve_args(tyro.cli(variants.Args, args=["--runs-dir", str(tmp_path), *SHORT,
                                                                "--hold-step", "exact", *flags]))
     torch.manual_seed(0)
-    envs = variants.make_vec(args, 1)
+    envs = variants.make_vec(args, 1, "gymnasium")
     agent = iif.Agent(envs.single_observation_space, envs.single_action_space)
     next_obs, _ = envs.reset(seed=0)
     b = iif.collect_rollout(agent, envs, next_obs, np.zeros((2, 1)), args)[0]

@@ -298,7 +298,7 @@ def test_the_rollout_uses_the_flags_gamma_and_lambda():
     args = iif.resolve_args(iif.Args(env_id="CartPole-v1", num_steps=64, num_envs=2, minibatch_size=64,
                                            total_timesteps=128, gamma=0.9, gae_lambda=0.5, env_backend="gymnasium"))
     torch.manual_seed(0)
-    envs = iif.make_vec(args, 2)
+    envs = iif.make_vec(args, 2, "gymnasium")
     agent = iif.Agent(envs.single_observation_space, envs.single_action_space)
     obs, _ = envs.reset(seed=0)
     b = iif.collect_rollout(agent, envs, obs, np.zeros((2, 2)), args)[0]

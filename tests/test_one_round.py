@@ -19,7 +19,7 @@ def state_row(tmp_path, *flags):
     variants.main(variants.resolve_args(tyro.cli(variants.Args, args=["--runs-dir", str(tmp_path), "--run-name", "r",
                                                                         *TINY, *flags])))
     args = one_round.load_args(tmp_path / "r")
-    envs, eval_envs = variants.make_vec(args, 1), variants.make_vec(args, 2)
+    envs, eval_envs = (variants.make_vec(args, n, backend) for n, backend in zip((1, 2), args.backends))
     return args, one_round.one_state(args, tmp_path / "r" / "states" / "round_0002.pt", envs, eval_envs)
 
 

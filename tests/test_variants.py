@@ -47,7 +47,7 @@ def test_iif_py_writes_what_iif_variants_py_writes_without_variant_flags(tmp_pat
     a = run(iif, tmp_path / "iif", ["--env-id", env_id, *TINY, *flags, "--save-model"])
     b = run(variants, tmp_path / "variants", ["--env-id", env_id, *TINY, *flags])
     assert rows(a / "metrics.csv") == rows(b / "metrics.csv") and len(rows(a / "metrics.csv")) == 2
-    assert same(torch.load(a / "iif.cleanrl_model")["agent"], torch.load(b / "agent.pt"))
+    assert same(torch.load(a / "iif.cleanrl_model"), torch.load(b / "agent.pt"))
     for k in (0, 1):
         ra, rb = (torch.load(d / "rounds" / f"round_000{k}.pt", weights_only=False) for d in (a, b))
         assert same(ra, rb)
