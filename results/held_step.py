@@ -117,17 +117,21 @@ def stage_proxy(envs):
 
 
 def compare(base, other, n):
-    """area (mean test return over the n rounds), final return and SE_ave of other against base, {seed: rows}: the
-    seeds where both ran n rounds"""
+    """Per seed where both ran n rounds ({seed: rows} each): of other against base, the area (mean test return over
+    the n rounds), the final return, SE_ave over base's record levels (the paper's reading) and the antisymmetric
+    SE_ave (research/verdicts.py: 0 in expectation for exchangeable arms), SE in %"""
     import analysis
+    import verdicts
     seeds = sorted(s for s in other if s in base and min(len(other[s]), len(base[s])) >= n)
-    out = dict(seeds=seeds, area=[], final=[], se_ave=[])
+    out = dict(seeds=seeds, area=[], final=[], se_ave=[], anti=[])
     for s in seeds:
         a, b = base[s][:n], other[s][:n]
         tested = [i for i, r in enumerate(a) if not math.isnan(r["test_return_mean"])]
         out["area"].append(np.mean([b[i]["test_return_mean"] - a[i]["test_return_mean"] for i in tested]))
         out["final"].append(b[tested[-1]]["test_return_mean"] - a[tested[-1]]["test_return_mean"])
-        out["se_ave"].append(analysis.efficiency(a, b, "records")["se_ave"])
+        out["se_ave"].append(100 * analysis.efficiency(a, b, "records")["se_ave"])
+        out["anti"].append(float(verdicts.antisymmetric(out["se_ave"][-1],
+                                                        100 * analysis.efficiency(b, a, "records")["se_ave"])))
     return out
 
 
