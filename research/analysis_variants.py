@@ -22,6 +22,7 @@ from types import SimpleNamespace
 from typing import Literal
 
 import numpy as np
+import scipy.optimize
 import scipy.stats
 import torch
 import tyro
@@ -32,6 +33,7 @@ import iif
 import iif_variants as variants
 from analysis import (COLORS, LABELS, agent_for, efficiency, fail, fmt_ci, load_round, load_runs, make_test_envs,
                       mean_ci, planned_rounds, plt, raw_advantages, read_metrics, saved_rounds, smooth, spearman)
+import verdicts  # research/verdicts.py: the t-interval, the t-test, Holm and the verdict word (frontier --rule runs)
 
 retrain = functools.partial(analysis.retrain, update=variants.ppo_update)  # Stage III with iif_variants.py's switches
 
@@ -910,8 +912,9 @@ def cmd_paper(args):
 class Frontier:
     """rlhf_variants.py's runs at a sweep of the KL penalty beta (results/frontier.sh), or grpo_variants.py's
     (results/grpo_frontier.sh): each method's final policy (final.json: its reward and test metric on the test
-    prompts, and its KL to the reference on the same samples) against PPO's (GRPO's) frontier, the upper envelope
-    of its points"""
+    prompts, and its KL to the reference on the same samples) against PPO's (GRPO's) frontier: with --rule points,
+    the upper envelope of its per-beta points; with --rule runs (the verdicts), a monotone fit over its runs of the
+    other seeds, seed by seed"""
     runs: str = "results/frontier/runs"
     """folder of <env>__<label>-b<beta>__<seed> runs"""
     env: tuple[str, ...] = ("ippo-detox", "ippo-cot")
@@ -925,6 +928,12 @@ class Frontier:
     VF_COEF=0.01)"""
     out: str = "frontier.png"
     """PNG of the points and the baselines' frontiers"""
+    rule: Literal["points", "runs"] = "points"
+    """points: each beta's mean against the upper envelope of the baseline's per-beta means, ahead or behind where
+    every compared point's t-interval lies on one side of 0 (results/figures/frontier.md); runs: every run against
+    the baseline's monotone frontier fitted over its runs of the other seeds, seed by seed minus the baseline's own
+    left-out seed, Holm over the methods of one task, with the null check on the baseline's own seeds
+    (results/figures/frontier_verdicts.md)"""
 
 
 FRONTIER_METRICS = {"final_reward": "reward", "final_toxicity": "test toxicity", "final_accuracy": "test accuracy",
@@ -1053,10 +1062,281 @@ def verdict(rows, lower_is_better=False, name="PPO", seeds=None):
     return f"not detected {where}" + (f" over {seeds} seeds" if seeds else "")
 
 
+# -- the rule "runs" (--rule runs): every run against a monotone frontier fitted over the baseline's other seeds --
+
+def frontier_runs(runs_dir, env, seeds, metrics):
+    """{method: [(beta, seed, {metric: value})]}, a run each, from every run's final.json (nan where a metric is
+    empty), and the runs without one"""
+    out, missing = {}, []
+    for label, by_seed in seeds.items():
+        method, _, beta = label.rpartition("-b")
+        if not method:
+            continue
+        for seed in by_seed:
+            path = os.path.join(runs_dir, f"{env}__{label}__{seed}", "final.json")
+            if not os.path.exists(path):
+                missing.append(f"{label}__{seed}")
+                continue
+            with open(path) as f:
+                final = json.load(f)
+            out.setdefault(method, []).append(
+                (float(beta), seed, {m: np.nan if final[m] == "" else float(final[m]) for m in metrics}))
+    return out, missing
+
+
+def monotone_fit(kl, y, lower_is_better=False):
+    """A frontier fitted over runs: the isotonic regression (pool-adjacent-violators, scipy's) of the values y on
+    log KL, nondecreasing (nonincreasing where lower is better); runs at one KL are pooled first, and runs with no
+    value or a KL not above 0 left out. Returns (the distinct log KLs, ascending; the fitted value at each)"""
+    kl, y = np.asarray(kl, dtype=float), np.asarray(y, dtype=float)
+    ok = np.isfinite(kl) & np.isfinite(y) & (kl > 0)
+    if not ok.any():
+        return np.array([]), np.array([])
+    x, inverse, counts = np.unique(np.log(kl[ok]), return_inverse=True, return_counts=True)
+    means = np.bincount(inverse, weights=y[ok]) / counts
+    return x, scipy.optimize.isotonic_regression(means, weights=counts, increasing=not lower_is_better).x
+
+
+def read_fit(fit, kl):
+    """A monotone_fit read at kl: linear in log KL between its KLs, nan outside them"""
+    x, f = fit
+    kl = np.asarray(kl, dtype=float)
+    if not len(x):
+        return np.full(kl.shape, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        lk = np.log(kl)
+    return np.where((lk >= x[0]) & (lk <= x[-1]), np.interp(lk, x, f), np.nan)
+
+
+def seed_fits(base_runs, metric, lower_is_better=False):
+    """{seed s: the baseline's frontier fitted over its runs of every seed but s}, a seed of the baseline each"""
+    return {s: monotone_fit([v["final_kl"] for _, t, v in base_runs if t != s],
+                            [v[metric] for _, t, v in base_runs if t != s], lower_is_better)
+            for s in sorted({s for _, s, _ in base_runs})}
+
+
+def seed_residuals(runs, fits, metric):
+    """Per seed s, the mean over its runs inside fits[s]'s KLs of (the run's value - fits[s] at the run's KL):
+    ({seed: mean}, [(beta, seed) of the runs left out: outside the KLs, no value, or a seed with no fit])"""
+    res, outside = {}, []
+    for beta, seed, v in runs:
+        r = v[metric] - float(read_fit(fits[seed], v["final_kl"])) if seed in fits else np.nan
+        if np.isfinite(r):
+            res.setdefault(seed, []).append(r)
+        else:
+            outside.append((beta, seed))
+    return {s: float(np.mean(res[s])) for s in sorted(res)}, outside
+
+
+def read_family(cells, lower_is_better=False):
+    """verdicts.family over cells {name: per-seed differences}, its verdict words turned where lower is better
+    (a positive difference is then behind)"""
+    out = verdicts.family(cells, "+.3f")
+    for c in out.values():
+        c["verdict"] = verdicts.verdict(c["mean"], c["p_holm"], c["n"],
+                                        *(("behind", "ahead") if lower_is_better else ("ahead", "behind")))
+    return out
+
+
+def frontier_cells(runs, base, metric, lower_is_better=False):
+    """The rule runs' differences on one task, baseline and metric, before any test. Per seed s of the baseline,
+    its frontier over its runs of the other seeds (seed_fits), and at it each run's residual at its own final KL, a
+    mean per seed (seed_residuals). Returns ({seed: the baseline's own residual}, the baseline's runs left out,
+    {method: dict(n, own, base: the residuals of the method and of the baseline at the seeds both have, outside:
+    the method's runs left out, runs, cell: the method's residual minus the baseline's, seed by seed)})"""
+    fits = seed_fits(runs[base], metric, lower_is_better)
+    own_base, base_out = seed_residuals(runs[base], fits, metric)
+    out = {}
+    for m in runs:
+        if m == base:
+            continue
+        own, outside = seed_residuals(runs[m], fits, metric)
+        seeds = [s for s in own if s in own_base]
+        out[m] = dict(n=len(seeds), own=[own[s] for s in seeds], base=[own_base[s] for s in seeds],
+                      outside=outside + [(b, s) for b, s, _ in runs[m] if s in own and s not in own_base],
+                      runs=len(runs[m]), cell=[own[s] - own_base[s] for s in seeds])
+    return own_base, base_out, out
+
+
+def frontier_family(runs, base, metric, lower_is_better=False):
+    """The rule runs on one task, baseline and metric (frontier_cells). The null check: the baseline's own
+    left-out seeds, read as a family of one. Each other method: its residual minus the baseline's of the same seed,
+    the methods with a difference one verdict family (verdicts.family: t-interval, t-test, Holm; ahead is higher,
+    or lower where lower is better). Returns (null: its family cell with residuals, outside and runs, {method:
+    frontier_cells' dict and, where it has a difference, its family cell})"""
+    own_base, base_out, extra = frontier_cells(runs, base, metric, lower_is_better)
+    null = read_family({base: list(own_base.values())}, lower_is_better)[base] if own_base else dict(n=0)
+    null.update(residuals=own_base, outside=base_out, runs=len(runs[base]))
+    for m, c in read_family({m: c["cell"] for m, c in extra.items() if c["n"]}, lower_is_better).items():
+        extra[m].update(c)
+    return null, extra
+
+
+def envelope_null(base_runs, metric, lower_is_better=False, per_beta=True):
+    """The upper envelope on the null: per seed s of the baseline, the envelope of its other seeds (of their
+    per-beta means if per_beta, the rule points' frontier; else of their runs), each run of seed s read against it
+    at its own KL (at_kl, nan outside): {seed: mean residual}"""
+    out = {}
+    for s in sorted({s for _, s, _ in base_runs}):
+        others = [(b, v) for b, t, v in base_runs if t != s and np.isfinite(v[metric])]
+        if per_beta:
+            pts = [(np.mean([v["final_kl"] for c, v in others if c == b]),
+                    np.mean([v[metric] for c, v in others if c == b])) for b in sorted({b for b, _ in others})]
+        else:
+            pts = [(v["final_kl"], v[metric]) for _, v in others]
+        if not pts:
+            continue
+        front = envelope(pts, lower_is_better)
+        r = [v[metric] - at_kl(front, v["final_kl"])[0] for _, t, v in base_runs if t == s]
+        r = [x for x in r if np.isfinite(x)]
+        if r:
+            out[s] = float(np.mean(r))
+    return out
+
+
+def runs_left_out(outside):
+    """[(beta, seed)] as 'beta 0.05: seeds 1 2; beta 3.2: seed 5'"""
+    by_beta = defaultdict(list)
+    for b, s in outside:
+        by_beta[b].append(s)
+    return "; ".join(f"β {b:g}: seed{'s' if len(v) > 1 else ''} {' '.join(sorted(v))}"
+                     for b, v in sorted(by_beta.items()))
+
+
+def cmd_frontier_runs(args):
+    """--rule runs: per task and baseline, the null check on the baseline's own seeds (this rule's frontier and
+    the two upper envelopes beside it), each method's seed-by-seed difference from the baseline at equal KL per
+    metric with Holm over the methods, a summary of the verdicts, and a figure of every run and the frontiers"""
+    print("$ python research/analysis_variants.py " + " ".join(sys.argv[1:]) + "\n")
+    print("The rule (runs). For each task, baseline and metric: for each seed s of the baseline, the baseline's "
+          "frontier is the isotonic regression (monotone: nondecreasing in KL, nonincreasing for toxicity and the "
+          "unfaithful share) of the metric on log KL over the baseline's runs of its other seeds (every beta), read "
+          "linearly in log KL between its KLs. Every run of seed s, the baseline's and each method's, is read "
+          "against that frontier at the run's own final KL (a run outside the frontier's KLs is left out, and "
+          "named); "
+          "a seed's residual is the mean over its runs. A method's difference at seed s is its residual minus the "
+          "baseline's (the arms of one seed share the seed, and both are read against the same frontier, fitted "
+          "without either); over the seeds, the mean and its 95 % t-interval, the two-sided t-test, Holm over the "
+          "methods of one task, baseline and metric (research/verdicts.py), 'ahead' or 'behind' only where the Holm "
+          "p is below 0.05. The null check: the baseline's own left-out seeds against the frontier of its other "
+          "seeds must read 'not detected' (raw p); beside it, the same check of two upper envelopes, of the other "
+          "seeds' per-beta means (the frontier of results/figures/frontier.md) and of their runs.")
+    fig, axes = plt.subplots(len(args.env), 3, figsize=(15, 3.6 * len(args.env)), squeeze=False)
+    summary = []
+    for env, ax in zip(args.env, axes):
+        seeds = {lb: {s: rows for s, rows in by_seed.items() if not args.seeds or s in args.seeds}
+                 for lb, by_seed in load_runs(args.runs, env).items()}
+        seeds = {lb: by_seed for lb, by_seed in seeds.items() if by_seed}
+        learner = "GRPO" if env.startswith("grpo") else "PPO"
+        finals = sorted(glob.glob(os.path.join(args.runs, f"{env}__*__*", "final.json")))
+        if not finals:
+            fail(f"{env}: no run with a final.json under {args.runs}")
+        with open(finals[0]) as f:
+            final = json.load(f)
+        metrics = [m for m in FRONTIER_METRICS if m in final]  # the task's, in FRONTIER_METRICS' order
+        name_of = functools.partial(frontier_name, learner=learner)
+        runs, missing = frontier_runs(args.runs, env, seeds, ["final_kl", *metrics])
+        print(f"\n## {env}\n")
+        if missing:
+            print(f"{len(missing)} run(s) without final.json, left out: {', '.join(missing)}\n")
+        methods = sorted(runs, key=lambda m: (list(IPPO_LABELS).index(label_parts(m)[0]), m))
+        print("| method | runs | seeds | final KL to the reference, runs (min-max) |\n|---|---|---|---|")
+        for m in methods:
+            kl = [v["final_kl"] for _, _, v in runs[m]]
+            print(f"| {name_of(m)} | {len(runs[m])} | {len({s for _, s, _ in runs[m]})} | "
+                  f"{min(kl):.3g}-{max(kl):.3g} |")
+        for base in args.baseline:
+            if base not in runs:
+                print(f"\n{env}: no {base}-b<beta> runs to compare with")
+                continue
+            name = name_of(base)
+            print(f"\n### {env}: against {name}'s frontier\n")
+            print(f"The null check: {name}'s left-out seed minus the frontier of its other seeds, at each run's own "
+                  f"KL; mean over seeds [95 % t-interval], raw two-sided p\n")
+            print("| metric | frontier | seeds | runs inside | left-out seed - frontier | p | verdict |")
+            print("|---|---|---|---|---|---|---|")
+            fams = {}
+            for k in metrics:
+                lower = k in LOWER_IS_BETTER
+                fams[k] = frontier_family(runs, base, k, lower)
+                null = fams[k][0]
+                rows = [("monotone fit over runs (this rule)", null)]
+                for label, per_beta in (("upper envelope of per-beta means", True),
+                                        ("upper envelope of runs", False)):
+                    r = envelope_null(runs[base], k, lower, per_beta)
+                    rows.append((label, dict(read_family({0: list(r.values())}, lower)[0], residuals=r)
+                                 if r else dict(n=0)))
+                for label, c in rows:
+                    inside = f"{null['runs'] - len(null['outside'])} of {null['runs']}" if c is null else "-"
+                    cells = f"{c['text']} | {verdicts.p_text(c['p'])} | {c['verdict']}" if c["n"] else "- | - | -"
+                    print(f"| {FRONTIER_METRICS[k]} | {label} | {c['n']} | {inside} | {cells} |")
+            if fams[metrics[0]][0]["outside"]:
+                print(f"\n{name}'s runs outside the frontier of its other seeds ({FRONTIER_METRICS[metrics[0]]}): "
+                      + runs_left_out(fams[metrics[0]][0]["outside"]))
+            for k in metrics:
+                _, extra = fams[k]
+                n_fam = sum(1 for c in extra.values() if c["n"])
+                print(f"\n{env}, {FRONTIER_METRICS[k]}: each method minus {name}, seed by seed, both read against "
+                      f"the frontier of {name}'s other seeds ({'lower' if k in LOWER_IS_BETTER else 'higher'} is "
+                      f"better); Holm over the {n_fam} methods with a difference\n")
+                print(f"| method | seeds | runs inside | method - frontier | {name} - frontier, same seeds | "
+                      f"difference [95 % t-interval] | p | Holm p | verdict |")
+                print("|---|---|---|---|---|---|---|---|---|")
+                for m in methods:
+                    if m not in extra:
+                        continue
+                    c = extra[m]
+                    inside = f"{c['runs'] - len(c['outside'])} of {c['runs']}"
+                    if not c["n"]:
+                        print(f"| {name_of(m)} | 0 | {inside} | - | - | no run inside the frontier's KLs | - | - | "
+                              f"no KL in common |")
+                        continue
+                    print(f"| {name_of(m)} | {c['n']} | {inside} | {np.mean(c['own']):+.3f} | "
+                          f"{np.mean(c['base']):+.3f} | {c['text']} | {verdicts.p_text(c['p'])} | "
+                          f"{verdicts.p_text(c['p_holm'])} | {c['verdict']} |")
+                    summary.append((env, name, k, name_of(m), c))
+            left = {m: c["outside"] for m, c in fams[metrics[0]][1].items() if c["outside"]}
+            if left:
+                print(f"\n{env}: runs left out, outside the frontier of {name}'s other seeds (or of a seed where "
+                      f"{name} has no run inside it; {FRONTIER_METRICS[metrics[0]]}):")
+                for m in methods:
+                    if m in left:
+                        print(f"- {name_of(m)}: {len(left[m])} of {fams[metrics[0]][1][m]['runs']} "
+                              f"({runs_left_out(left[m])})")
+        for a, metric in zip(ax, metrics):
+            for m in methods:
+                kl = [v["final_kl"] for _, _, v in runs[m]]
+                y = [v[metric] for _, _, v in runs[m]]
+                base_m, vf, horizon = label_parts(m)
+                a.scatter(kl, y, s=10, color=IPPO_COLORS[base_m], marker="s" if vf else "^" if horizon else "o",
+                          alpha=0.6, label=name_of(m))
+                if m in args.baseline:
+                    x, f = monotone_fit(kl, y, metric in LOWER_IS_BETTER)
+                    a.plot(np.exp(x), f, color=IPPO_COLORS[base_m], linestyle="--" if vf else "-")
+            a.set(xscale="log", xlabel="final policy's KL to the reference",
+                  title=f"{env}: {FRONTIER_METRICS[metric]}")
+        ax[0].legend(fontsize=6)
+        for a in ax[len(metrics):]:
+            a.axis("off")
+    if summary:
+        print("\n## The verdicts\n\nEach method minus the baseline at equal KL (the tables above): difference "
+              "[95 % t-interval] over seeds, Holm p, verdict\n")
+        print("| task | against | metric | method | difference | Holm p | verdict |\n|---|---|---|---|---|---|---|")
+        for env, name, k, m, c in summary:
+            print(f"| {env} | {name} | {FRONTIER_METRICS[k]} | {m} | {c['text']} | {verdicts.p_text(c['p_holm'])} | "
+                  f"{c['verdict']} |")
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+    print(f"\nwrote {args.out} (dots: every run; lines: each baseline's monotone frontier over all its seeds, shown "
+          f"only: a run is read against the frontier of the baseline's other seeds)")
+
+
 def cmd_frontier(args):
     """Per task: every method's final-policy points (beta: KL to the reference, reward and test metrics, mean
     [95 % t-interval] over seeds), the differences from each baseline's frontier at equal KL, a verdict per method
     and metric with the KL range it holds at, and a figure"""
+    if args.rule == "runs":
+        return cmd_frontier_runs(args)
     rng = np.random.default_rng(0)
     fig, axes = plt.subplots(len(args.env), 3, figsize=(15, 3.6 * len(args.env)), squeeze=False)
     for env, ax in zip(args.env, axes):
