@@ -21,7 +21,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import numpy as np
 import torch
@@ -32,13 +32,17 @@ from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
+def default(text):  # --help's default of a flag left None, said in words
+    return tyro.conf.arg(help_behavior_hint=f"(default: {text})")
+
+
 @dataclass
 class Args:
     # influence and filtering (Sec. 3.1, 5.1, 5.3)
     filter_method: Literal["influence", "random", "none"] = "influence"
     """influence: IIF; random: drop as many episodes uniformly at random; none: standard PPO"""
-    filter_p: Optional[float] = None
-    """fraction in (0, 1] of the negative episodes to drop (default: every one <= 0, as released)"""
+    filter_p: Annotated[Optional[float], default("every one <= 0, as released")] = None
+    """fraction in (0, 1] of the negative episodes to drop"""
     target: Literal["f_seq", "f_return"] = "f_seq"
     """target function: f_seq (Sec. 5.3) or the token-level f_return (Sec. 3.1, App. C.8)"""
     target_data: Literal["buffer", "validation"] = "buffer"
@@ -59,23 +63,24 @@ class Args:
     # the run
     seed: int = 1
     """seed of torch (generation, value head), the prompt split and order, and the random filter"""
-    run_name: Optional[str] = None
-    """results go to <runs-dir>/<run-name>/ (default: rlhf__method__seed__time)"""
+    run_name: Annotated[Optional[str], default("rlhf__method__seed__time")] = None
+    """results go to <runs-dir>/<run-name>/"""
     runs_dir: str = "runs"
     """parent folder of the run folders; TensorBoard's too (tensorboard --logdir runs)"""
     track: bool = False
     """also log to Weights & Biases, syncing the TensorBoard scalars (pip install wandb)"""
     wandb_project_name: str = "iif-rlhf"
     """the wandb project"""
-    wandb_entity: Optional[str] = None
-    """the wandb entity (team; default: yours)"""
-    device: Optional[str] = None
-    """torch device (default: cuda when available, else cpu)"""
-    dtype: Optional[Literal["bfloat16", "float32"]] = None
+    wandb_entity: Annotated[Optional[str], default("yours")] = None
+    """the wandb entity (team)"""
+    device: Annotated[Optional[str], default("cuda when available, else cpu")] = None
+    """torch device"""
+    dtype: Annotated[Optional[Literal["bfloat16", "float32"]],
+                     default("bfloat16 on a GPU that supports it, else float32")] = None
     """bfloat16: frozen weights in bfloat16, passes under autocast (as released); what trains, losses
-    and influence stay float32 (default: bfloat16 on a GPU that supports it, else float32)"""
-    threads: Optional[int] = None
-    """torch CPU threads (default: torch's choice)"""
+    and influence stay float32"""
+    threads: Annotated[Optional[int], default("torch's choice")] = None
+    """torch CPU threads"""
 
     # data (App. B.3)
     min_prompt_toxicity: float = 0.3
@@ -99,8 +104,9 @@ class Args:
     """passes over the (kept) buffer per round"""
     learning_rate: float = 1e-5
     """Adam learning rate"""
-    rounds: Optional[int] = None
-    """training rounds (default: one pass over the training prompts, 109 in the paper)"""
+    rounds: Annotated[Optional[int],
+                      default("one pass over the training prompts, 109 in the paper")] = None
+    """training rounds"""
     gamma: float = 1.0
     """discount over the tokens of a continuation"""
     lam: float = 0.95
@@ -125,12 +131,14 @@ class Args:
     """LoRA rank"""
     lora_alpha: int = 32
     """LoRA alpha"""
-    lora_target_modules: Optional[str] = None
-    """comma-separated modules for LoRA (default: peft's; q_proj,v_proj for GPT-Neo, as released)"""
-    forward_batch_size: Optional[int] = None
-    """episodes per batched forward and influence pass (default: 64 on a GPU, 16 on the CPU)"""
-    generation_batch_size: Optional[int] = None
-    """prompts per generate() call (default: all, or as many as half the free GPU memory holds)"""
+    lora_target_modules: Annotated[Optional[str],
+                                   default("peft's; q_proj,v_proj for GPT-Neo, as released")] = None
+    """comma-separated modules for LoRA"""
+    forward_batch_size: Annotated[Optional[int], default("64 on a GPU, 16 on the CPU")] = None
+    """episodes per batched forward and influence pass"""
+    generation_batch_size: Annotated[Optional[int],
+                                     default("all, or as many as half the free GPU memory holds")] = None
+    """prompts per generate() call"""
 
     # evaluation (App. B.3)
     eval_every: int = 1
@@ -790,9 +798,10 @@ METRICS = ["round", "episodes", "reward_mean", "reward_std", "kl", "kl_coef", "n
 
 
 # TensorBoard: TRL 0.11's PPOTrainer names for metrics.csv's columns, and IIF's under iif/
-SCALARS = {"objective/kl": "kl", "objective/kl_coef": "kl_coef", "objective/scores": "reward_mean",
-           "env/reward_mean": "reward_mean", "env/reward_std": "reward_std", "ppo/loss/total": "loss",
-           "ppo/loss/policy": "pg_loss", "ppo/loss/value": "vf_loss", "ppo/policy/approxkl": "approx_kl",
+SCALARS = {"objective/kl": "kl", "objective/kl_coef": "kl_coef", "ppo/mean_scores": "reward_mean",
+           "ppo/std_scores": "reward_std", "env/reward_mean": "reward_mean",
+           "env/reward_std": "reward_std", "ppo/loss/total": "loss", "ppo/loss/policy": "pg_loss",
+           "ppo/loss/value": "vf_loss", "ppo/policy/approxkl": "approx_kl",
            "ppo/policy/clipfrac": "clip_frac", "ppo/val/clipfrac": "vf_clip_frac",
            "ppo/val/var_explained": "explained_var", "iif/n_kept": "n_kept",
            "iif/n_negative": "n_negative", "iif/eval_toxicity": "eval_toxicity",

@@ -60,9 +60,15 @@ def test_stage_banners_match_whole_words():
 
 
 def slug(heading):
-    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
-    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+    """GitHub's anchor for a heading: lower case, punctuation dropped but `-` and `_`, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_slugs_are_githubs():
+    assert slug("Reading grpo_iif.py next to the paper") == "reading-grpo_iifpy-next-to-the-paper"
+    assert slug("TensorBoard, wandb, videos and saved models") == "tensorboard-wandb-videos-and-saved-models"
+    assert slug("Fig. 6(b), ours against the paper") == "fig-6b-ours-against-the-paper"
+    assert slug("`iif.py` at p = 0.5 — β 1.6") == "iifpy-at-p--05--β-16"
 
 
 def anchors(page):

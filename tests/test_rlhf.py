@@ -482,8 +482,8 @@ def test_the_final_kl_is_zero_at_the_reference_and_unbiased_away_from_it(toy, T)
 
 
 def test_tensorboard_has_trls_names_and_track_runs_offline(tmp_path, toy):
-    """runs/<run>/events.*: TRL's PPOTrainer scalar names at each round, equal to metrics.csv; --track with wandb
-    offline syncs them"""
+    """runs/<run>/events.*: TRL 0.11's PPOTrainer scalar names (not PPOv2Trainer's objective/scores) at each round,
+    equal to metrics.csv; --track with wandb offline syncs them"""
     env = dict(os.environ, WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_SILENT="true")
     out = subprocess.run([sys.executable, os.path.join(ROOT, "rlhf_iif.py"), *flags(toy, "--runs-dir", str(tmp_path)),
                           "--run-name", "r", "--rounds", "2", "--track"], env=env, capture_output=True, text=True,
@@ -492,13 +492,15 @@ def test_tensorboard_has_trls_names_and_track_runs_offline(tmp_path, toy):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     acc = EventAccumulator(str(tmp_path / "r"), size_guidance={"scalars": 0})
     acc.Reload()
-    assert {"objective/kl", "objective/kl_coef", "objective/scores", "ppo/loss/policy", "ppo/loss/value",
-            "ppo/policy/approxkl", "ppo/policy/clipfrac", "ppo/val/clipfrac", "iif/n_kept",
+    assert {"objective/kl", "objective/kl_coef", "ppo/mean_scores", "ppo/std_scores", "ppo/loss/policy",
+            "ppo/loss/value", "ppo/policy/approxkl", "ppo/policy/clipfrac", "ppo/val/clipfrac", "iif/n_kept",
             "iif/n_negative", "iif/eval_toxicity"} <= set(acc.Tags()["scalars"])
+    assert "objective/scores" not in acc.Tags()["scalars"]
     assert "iif/influence" in acc.Tags()["histograms"]
     with open(tmp_path / "r" / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
-    for tag, column in [("objective/kl", "kl"), ("objective/scores", "reward_mean"), ("ppo/loss/policy", "pg_loss")]:
+    for tag, column in [("objective/kl", "kl"), ("ppo/mean_scores", "reward_mean"), ("ppo/std_scores", "reward_std"),
+                        ("ppo/loss/policy", "pg_loss")]:
         assert [(e.step, e.value) for e in acc.Scalars(tag)] == \
             [(int(r["round"]), pytest.approx(float(r[column]), rel=1e-6, abs=1e-7)) for r in rows], tag
     assert len([d for d in os.listdir(tmp_path / "wandb") if d.startswith("offline-run-")]) == 1
