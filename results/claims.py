@@ -12,7 +12,8 @@ paper's numbers (Welch's test, Holm over the six).
 
     python results/claims.py > results/claims.md     # docs/results.md's verdict tables are this printout's
 """
-import math
+import glob
+import json
 import os
 import sys
 
@@ -143,6 +144,55 @@ def against_paper():
               f"{verdicts.p_text(p)} | {verdicts.p_text(pa)} | {word} | {ftext} |")
 
 
+def one_round_summary():
+    import one_round
+    print("\n### One round at an equal step: held IIF - held random from the same theta(k) and B(k)\n")
+    print("results/one_round.py (its stages: results/held-step/one_round.md): every state of the held-critic runs, "
+          "one round each, read on data neither update saw; per seed the mean over its states; Holm over the "
+          "environments.\n")
+    print("| env | seeds | states | surrogate gain, IIF - random (A_hat's std) | p, Holm | verdict | test return, "
+          "IIF - random | p, Holm | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    data = {e: one_round.per_seed(e)["all"] for e in ENVS}
+    fams = {k: verdicts.family({e: d[k] for e, d in data.items() if len(d[k])}, ".3g") for k in ("gain", "test")}
+    for e in ENVS:
+        if e not in fams["gain"]:
+            print(f"| {e} | 0 | 0 | - | - | no state read yet | - | - | - |")
+            continue
+        g, t = fams["gain"][e], fams["test"][e]
+        print(f"| {e} | {g['n']} | {one_round.n_states(e)} | {g['text']} | {verdicts.p_text(g['p_holm'])} | "
+              f"{g['verdict']} | {t['text']} | {verdicts.p_text(t['p_holm'])} | {t['verdict']} |")
+
+
+RLHF = [("ippo-detox", "none"), ("ippo-detox", "none-vf0.01"), ("ippo-cot", "none"), ("grpo-detox", "none"),
+        ("grpo-add", "none")]  # (task, baseline): the PPO sweep's and GRPO's (docs/ippo.md, docs/grpo.md)
+
+
+def rlhf():
+    import analysis_variants as av
+    print("\n### RLHF at equal KL: IIF - the baseline, each run against the baseline's frontier\n")
+    print("research/analysis_variants.py frontier --rule runs (results/figures/frontier_verdicts.md, "
+          "grpo_frontier_verdicts.md): per seed, IIF's residual minus the baseline's against the baseline's "
+          "monotone frontier over its other seeds; Holm over the methods of the task (here IIF's row); the null "
+          "check is the baseline's own left-out seeds.\n")
+    print("| task | baseline | metric | null check | IIF - baseline | p | p, Holm | verdict |")
+    print("|---|---|---|---|---|---|---|---|")
+    frontier = os.path.join(ROOT, "results", "frontier", "runs")
+    for task, base in RLHF:
+        found = analysis.load_runs(frontier, task)
+        with open(sorted(glob.glob(os.path.join(frontier, f"{task}__*", "final.json")))[0]) as f:
+            final = json.load(f)
+        metrics = [m for m in av.FRONTIER_METRICS if m in final]  # the task's
+        runs_, _ = av.frontier_runs(frontier, task, found, ["final_kl", *metrics])
+        for k in metrics:
+            null, extra = av.frontier_family(runs_, base, k, k in av.LOWER_IS_BETTER)
+            c = extra.get("influence", {})
+            cell = (f"{c['text']} | {verdicts.p_text(c['p'])} | {verdicts.p_text(c['p_holm'])} | {c['verdict']}"
+                    if c.get("n") else "- | - | - | no KL in common")
+            print(f"| {task} | {av.frontier_name(base, 'GRPO' if task.startswith('grpo') else 'PPO')} | "
+                  f"{av.FRONTIER_METRICS[k]} | {null['text']} (p {verdicts.p_text(null['p'])}) | {cell} |")
+
+
 def main():
     print(__doc__.split("\n\n")[0].replace("\n", " ") + "\n")
     print("Every cell: mean over seeds [95 % t-interval]; p: the paired t-test of the seeds' differences against 0; "
@@ -165,6 +215,8 @@ def main():
                  "iif_variants.py --critic-records all: the filter acts on the policy's loss only.")
     print_family("At an equal step, the critic on every record, outside the paper",
                  held("held-random-critic", "held-critic"), OUTSIDE)
+    one_round_summary()
+    rlhf()
 
 
 if __name__ == "__main__":

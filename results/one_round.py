@@ -161,6 +161,10 @@ def per_seed(env_id):
     return out
 
 
+def n_states(env_id):
+    return sum(sum(1 for _ in open(p)) - 1 for p in glob.glob(os.path.join(RUNS, f"{env_id}__{ARM}__*", "one_round.csv")))
+
+
 def stage_table(envs):
     data = {e: per_seed(e) for e in envs}
     print("One round at an equal step (results/one_round.py): from states along held IIF's runs with the critic on "
@@ -178,8 +182,7 @@ def stage_table(envs):
         columns = {s: verdicts.family({e: data[e][s][outcome] for e in envs if len(data[e][s][outcome])}, fmt)
                    for s in (*STAGES, "all")}
         for e in envs:
-            states = sum(1 for p in glob.glob(os.path.join(RUNS, f"{e}__{ARM}__*", "one_round.csv"))
-                         for _ in open(p)) - len(glob.glob(os.path.join(RUNS, f"{e}__{ARM}__*", "one_round.csv")))
+            states = n_states(e)
             cells = []
             for s in (*STAGES, "all"):
                 c = columns[s].get(e)
