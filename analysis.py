@@ -10,8 +10,8 @@ Each subcommand prints the numbers of a figure or table, and all but efficiency 
 
 Runs follow results/reproduce.sh's naming, <runs>/<env>__<label>__<seed>/metrics.csv, the label a
 --filter-method (influence, none, random) or any other tag; the Sec. 4 diagnostics read the rounds/ of
-a run made with iif.py --save-rounds (docs/analysis.md). analysis_variants.py adds the analyses
-beyond the paper.
+a run made with iif.py --save-rounds (docs/analysis.md). "[lo, hi]" in every table is the 95 %
+t-interval of the mean over seeds. research/analysis_variants.py adds the analyses beyond the paper.
 """
 import copy
 import csv
@@ -36,9 +36,7 @@ import tyro  # noqa: E402
 
 import iif  # noqa: E402
 
-LABELS = {"influence": "IIF", "none": "Standard", "random": "Random", "f_return": "IIF (f_return)",
-          "release-none": "Standard, released code", "release-influence": "IIF, released code",
-          "none-all": "Standard, every checkpoint"}
+LABELS = {"influence": "IIF", "none": "Standard", "random": "Random", "f_return": "IIF (f_return)"}
 COLORS = {"influence": "tab:red", "none": "tab:blue", "random": "tab:gray",
           "adv-error": "tab:orange", "adv-product": "tab:purple", "td-weight": "tab:green",
           "f_return": "tab:olive"}
@@ -75,9 +73,9 @@ def planned_rounds(runs_dir, env_id, label, seed, default):
         return default
 
 
-def label_order(label):
-    """LABELS' labels first, in its order, then the others alphabetically"""
-    return (label not in LABELS, list(LABELS).index(label) if label in LABELS else label)
+def label_order(label, names=LABELS):
+    """names' labels first, in its order, then the others alphabetically"""
+    return (label not in names, list(names).index(label) if label in names else label)
 
 
 # ---- Sec. 5.2: sample efficiency and runtime ----
@@ -100,81 +98,66 @@ def record_levels(returns):
     return levels
 
 
-def performance_levels(returns, reading="records", n=10):
-    """Sec. 5.2's "list of strictly increasing performance levels reached by standard training",
-    read two ways: records, the record test returns standard training set (its running maxima);
-    even, n evenly spaced levels above its lowest tested return, the last at its peak (the lowest
-    itself is left out: standard reaches it before any training shows)."""
-    if reading == "records":
-        return record_levels(returns)
-    tested = [r for r in returns if not math.isnan(r)]
-    return list(np.linspace(min(tested), max(tested), n + 1)[1:])
-
-
-def efficiency(std_rows, iif_rows, reading="records"):
-    """SE_ave, SE_peak, RT_peak of one IIF run against one standard run, and how many levels IIF
-    never reached. SE(v) = 1 - m_IIF(v) / m_std(v), averaged over performance_levels(reading). A
-    level IIF never reaches counts with m_IIF = its number of rounds + 1, a bound in IIF's favour.
+def efficiency(std_rows, iif_rows, levels="records"):
+    """SE_ave, SE_peak, RT_peak of one IIF run against one standard run, SE at each level, and how
+    many levels IIF never reached. SE(v) = 1 - m_IIF(v) / m_std(v), averaged over Sec. 5.2's "list
+    of strictly increasing performance levels reached by standard training": "records", the record
+    test returns standard training set (its running maxima), or levels(standard's test returns) for
+    another reading, the last at its peak. A level IIF never reaches counts with m_IIF = its number
+    of rounds + 1, a bound in IIF's favour.
     RT_peak = 1 - (IIF's influence + optimisation time until it matches standard's peak) /
     (standard's optimisation time over all its rounds): Table 3's formula (FrozenLake 1 - 64.64 /
     93.85 = 31.1 %); standard PPO needs no influence. SE_peak and RT_peak do not depend on the
     reading."""
     std = [r["test_return_mean"] for r in std_rows]
     iif = [r["test_return_mean"] for r in iif_rows]
-    levels = performance_levels(std, reading)
+    levels = record_levels(std) if levels == "records" else levels(std)
     m_iif = [min(first_round(iif, v), len(iif) + 1) for v in levels]
     se = [1 - mi / first_round(std, v) for mi, v in zip(m_iif, levels)]  # Sec. 5.2: SE(v)
     t_std = np.cumsum([r["t_optim"] for r in std_rows])
     t_iif = np.cumsum([r["t_influence"] + r["t_optim"] for r in iif_rows])
     t_iif_peak = t_iif[m_iif[-1] - 1] if m_iif[-1] <= len(iif) else t_iif[-1]
     return dict(se_ave=float(np.mean(se)), se_peak=se[-1], rt_peak=1 - t_iif_peak / t_std[-1],
-                n_levels=len(levels), n_unreached=sum(mi > len(iif) for mi in m_iif),
-                order=(sum(x > 0 for x in se), sum(x == 0 for x in se), sum(x < 0 for x in se)))
+                n_levels=len(levels), n_unreached=sum(mi > len(iif) for mi in m_iif), se=se)
 
 
-def mean_ci(x):
-    """Mean over seeds and its 95 % percentile-bootstrap interval (scipy.stats.bootstrap, 10,000
-    resamples, a fixed seed so that tables are reproducible)."""
+def mean_ci(x, level=0.95):
+    """Mean over seeds and its 95 % t-interval (Student's t, n - 1 degrees of freedom); with one
+    seed, the mean alone (low = high = nan)"""
     x = np.asarray(x, dtype=float)
-    if len(x) < 2 or np.ptp(x) == 0:
-        return float(np.mean(x)), float(np.mean(x)), float(np.mean(x))
-    ci = scipy.stats.bootstrap((x,), np.mean, n_resamples=10_000, method="percentile",
-                               rng=np.random.default_rng(0)).confidence_interval
-    return float(np.mean(x)), float(ci.low), float(ci.high)
+    if len(x) < 2:
+        return float(np.mean(x)) if len(x) else math.nan, math.nan, math.nan
+    h = scipy.stats.t.ppf((1 + level) / 2, len(x) - 1) * x.std(ddof=1) / math.sqrt(len(x))
+    return float(x.mean()), float(x.mean() - h), float(x.mean() + h)
 
 
 def fmt_ci(x, scale=100.0, fmt=".1f"):
     mean, low, high = (scale * v for v in mean_ci(x))
-    return f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+    return f"{mean:{fmt}} [{low:{fmt}}, {high:{fmt}}]" if len(x) > 1 else f"{mean:{fmt}} (1 seed)"
 
 
 @dataclass
 class Efficiency:
-    """SE_ave (both readings of the levels), SE_peak, RT_peak with 95 % bootstrap intervals over
-    seeds, and the runtime breakdown (Fig. 6b, Table 3)"""
+    """SE_ave (over standard's record returns), SE_peak, RT_peak, each a mean over seeds with its
+    95 % t-interval, and the runtime breakdown (Fig. 6b, Table 3)"""
     env: tuple[str, ...]
     """env ids"""
     runs: str = "results/runs"
     """folder of <env>__<label>__<seed> runs"""
     label: str = "influence"
     """label compared with standard PPO ('none')"""
-    levels: Literal["both", "records", "even"] = "both"
-    """SE_ave's performance levels: standard's record returns, 10 even levels up to its peak, or
-    a column for each"""
 
 
-def cmd_efficiency(args, prepare=None, extra=None):
-    """The table; analysis_variants.py efficiency passes prepare(runs, env_id) -> the runs compared, and
-    extra = (heading, rows(env_id, runs, seeds)) for a table of its own before the runtimes."""
+def cmd_efficiency(args, prepare=None, readings=(("SE_ave", "records"),), said="record returns", extra=()):
+    """The table. analysis_variants.py efficiency passes prepare(runs, env_id) -> the runs compared;
+    readings, SE_ave's columns as (heading, efficiency's levels), and said, what levels they are;
+    extra, tables of its own before the runtimes, (heading, rows(env_id, runs, seeds)) each."""
     name = LABELS.get(args.label, args.label)
-    readings = ("records", "even") if args.levels == "both" else (args.levels,)
-    print("Mean over seeds [95 % bootstrap interval], in %. SE_ave over standard's record returns "
-          "and/or 10 even levels up to its peak; levels: records per seed (how many "
-          f"{name} never reached)\n")
-    head = " | ".join(f"SE_ave, {r}" for r in readings)
-    print(f"| env | method | seeds | {head} | SE_peak | RT_peak | levels |")
+    print(f"Mean over seeds [95 % t-interval], in %. SE_ave over standard's {said}; levels: "
+          f"records per seed (how many {name} never reached)\n")
+    print(f"| env | method | seeds | {' | '.join(h for h, _ in readings)} | SE_peak | RT_peak | levels |")
     print("|---|---|---|" + "---|" * len(readings) + "---|---|---|")
-    breakdown, extra_rows, left_out, order = [], [], [], []
+    breakdown, left_out, tables = [], [], [[] for _ in extra]
     for env_id in args.env:
         runs = load_runs(args.runs, env_id)
         runs = prepare(runs, env_id) if prepare else runs
@@ -190,27 +173,24 @@ def cmd_efficiency(args, prepare=None, extra=None):
             seeds = [s for s in seeds if s not in unfinished]
         if not seeds:
             continue
-        by_reading = {r: [efficiency(runs["none"][s], runs[args.label][s], r) for s in seeds]
-                      for r in ("records", "even")}
-        res = by_reading["records"]  # SE_peak and RT_peak: the same on both
-        cells = [fmt_ci([e["se_ave"] for e in by_reading[r]]) for r in readings]
+        res = [efficiency(runs["none"][s], runs[args.label][s]) for s in seeds]  # SE_peak, RT_peak
+        cells = [fmt_ci([efficiency(runs["none"][s], runs[args.label][s], lv)["se_ave"] for s in seeds])
+                 for _, lv in readings]
         cells += [fmt_ci([r["se_peak"] for r in res]), fmt_ci([r["rt_peak"] for r in res])]
         levels = ", ".join(f"{r['n_levels']} ({r['n_unreached']})" for r in res)
         print(f"| {env_id} | {name} | {len(seeds)} | {' | '.join(cells)} | {levels} |")
-        first, tied, later = np.sum([r["order"] for r in res], axis=0)
-        order.append(f"{env_id}: of standard's {first + tied + later} record levels, {name} "
-                     f"reached {first} first, {tied} at the same round, {later} later")
-        extra_rows += extra[1](env_id, runs, seeds) if extra else []
+        for rows, (_, more) in zip(tables, extra):
+            rows += more(env_id, runs, seeds)
         for label in ("none", args.label):
             rows = [r for s in seeds for r in runs[label][s]]
             keys = ("t_rollout", "t_influence", "t_optim", "t_eval", "n_kept", "n_updates")
             means = [np.mean([r[k] for r in rows]) for k in keys]
             breakdown.append((env_id, LABELS.get(label, label), *means))
-    for lines in (left_out, order):
-        if lines:
-            print("\n" + "\n".join(lines))
-    if extra_rows:
-        print(extra[0] + "\n".join(extra_rows))
+    if left_out:
+        print("\n" + "\n".join(left_out))
+    for (heading, _), rows in zip(extra, tables):
+        if rows:
+            print(heading + "\n".join(rows))
     print("\nPer-round means (seconds; Table 3):\n")
     print("| env | method | rollout | influence | optimisation | evaluation | records kept "
           "| optimizer steps |")
@@ -224,7 +204,7 @@ def cmd_efficiency(args, prepare=None, extra=None):
 
 @dataclass
 class Curves:
-    """a metrics.csv column over rounds, mean and std band over seeds: the test return (Fig. 6a,
+    """a metrics.csv column over rounds, mean and a band over seeds: the test return (Fig. 6a,
     13), or PPO's per-update diagnostics (pg_loss, vf_loss, entropy, approx_kl, clip_frac,
     explained_var; kl: the round's KL on B(k))"""
     env: tuple[str, ...]
@@ -239,15 +219,17 @@ class Curves:
     """draw the first N rounds of each run only (0: all)"""
     column: str = "test_return_mean"
     """the metrics.csv column to draw"""
+    band: Literal["std", "t"] = "std"
+    """the band around the mean: the seeds' standard deviation, or the 95 % t-interval of the mean"""
 
 
-def cmd_curves(args):
+def cmd_curves(args, names=LABELS):
     n_env, what = len(args.env), "test return" if args.column == "test_return_mean" else args.column
     fig, axes = plt.subplots(1, n_env, figsize=(4.5 * n_env, 3.4), squeeze=False)
     for ax, env_id in zip(axes[0], args.env):
         runs = load_runs(args.runs, env_id)
         print(f"{env_id}: final {what}, mean ± std over seeds")
-        labels = sorted(runs, key=label_order)
+        labels = sorted(runs, key=lambda lb: label_order(lb, names))
         if args.labels:
             labels = [lb for lb in labels if lb in args.labels]
         others = iter(["tab:olive", "tab:cyan", "tab:brown", "tab:pink", "black", "tab:purple",
@@ -269,9 +251,10 @@ def cmd_curves(args):
             tested = ~np.isnan(curves).any(0)  # --eval-every N: only the tested rounds
             curves, x = curves[:, tested], x[tested]
             mean, std = curves.mean(0), curves.std(0)
-            name = LABELS.get(label, label)
+            low, high = np.array([mean_ci(c)[1:] for c in curves.T]).T if args.band == "t" else (mean - std, mean + std)
+            name = names.get(label, label)
             ax.plot(x, mean, color=colors[label], label=f"{name} ({len(curves)} seeds)")
-            ax.fill_between(x, mean - std, mean + std, color=colors[label], alpha=0.2, linewidth=0)
+            ax.fill_between(x, low, high, color=colors[label], alpha=0.2, linewidth=0)
             print(f"  {name:>12}: {mean[-1]:.3f} ± {std[-1]:.3f} after {n} rounds")
             late = curves[:, x > n // 2].min(1)  # a late fall shows as a low minimum here
             print(f"  {'':>12}  per seed: final {', '.join(f'{v:.1f}' for v in curves[:, -1])}; "
@@ -655,8 +638,8 @@ def cmd_behavior_formation(args):
     cfg = SimpleNamespace(**config)
     rounds = saved_rounds(args.run)
     model = os.path.join(args.run, "iif.cleanrl_model")  # iif.py --save-model's; iif_variants.py writes agent.pt
-    final = agent_for(config, torch.load(model)["agent"] if os.path.exists(model) else
-                      torch.load(os.path.join(args.run, "agent.pt")))
+    state = torch.load(model if os.path.exists(model) else os.path.join(args.run, "agent.pt"))
+    final = agent_for(config, state.get("agent", state))  # iif.py's older models: {"agent": state_dict}
     first = agent_for(config, load_round(args.run, rounds[0])["state_dict"])
     k_pick, i_pick = args.record if args.record else (rounds[-1], None)
     b_pick = load_round(args.run, k_pick)

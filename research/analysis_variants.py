@@ -5,7 +5,8 @@ analysis.py reproduces the paper's diagnostics; this file imports it, as iif_var
     python research/analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --rounds 100 --at 0 100 200
     python research/analysis_variants.py frontier --runs results/frontier/runs --env ippo-detox ippo-cot
 
-Each subcommand prints its table and draws its figure in a PNG.
+Each subcommand prints its table and draws its figure in a PNG. "[lo, hi]" is the 95 % t-interval of the mean over
+seeds, and every verdict (ahead, behind, not detected) is research/verdicts.py's: the t-test, Holm over a family.
 """
 import dataclasses
 import functools
@@ -31,11 +32,14 @@ sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import analysis
 import iif
 import iif_variants as variants
-from analysis import (COLORS, LABELS, agent_for, efficiency, fail, fmt_ci, load_round, load_runs, make_test_envs,
-                      mean_ci, planned_rounds, plt, raw_advantages, read_metrics, saved_rounds, smooth, spearman)
-import verdicts  # research/verdicts.py: the t-interval, the t-test, Holm and the verdict word (frontier --rule runs)
+from analysis import (COLORS, agent_for, fail, fmt_ci, load_round, load_runs, make_test_envs, mean_ci,
+                      planned_rounds, plt, raw_advantages, read_metrics, saved_rounds, smooth, spearman)
+import verdicts  # research/verdicts.py: the t-interval, the t-test, Holm and the verdict word of every table
 
 retrain = functools.partial(analysis.retrain, update=variants.ppo_update)  # Stage III with iif_variants.py's switches
+mean_t = verdicts.t_interval  # (mean, low, high), the name results/held_step.py reads
+LABELS = {**analysis.LABELS, "release-none": "Standard, released code", "release-influence": "IIF, released code",
+          "none-all": "Standard, every checkpoint"}  # the runs of results/release (convert.py)
 
 
 def load_config(run_dir):
@@ -50,12 +54,39 @@ def load_config(run_dir):
             **variants.ADDED_FLAGS, **config}
 
 
-# ---- Sec. 5.2's efficiency read other ways: SE at chosen levels, the first rounds, tested less often ----
+# ---- Sec. 5.2's efficiency read other ways: even levels, SE at chosen levels, the first rounds, tested less often ----
+
+def even_levels(returns, n=10):
+    """Sec. 5.2's "list of strictly increasing performance levels reached by standard training" read another way: n
+    evenly spaced levels above standard's lowest tested return, the last at its peak (the lowest itself is left out:
+    standard reaches it before any training shows)"""
+    tested = [r for r in returns if not math.isnan(r)]
+    return list(np.linspace(min(tested), max(tested), n + 1)[1:])
+
+
+def efficiency(std_rows, iif_rows, reading="records"):
+    """analysis.efficiency over standard's record returns ("records", the paper's levels) or its even levels
+    ("even")"""
+    return analysis.efficiency(std_rows, iif_rows, even_levels if reading == "even" else "records")
+
+
+def order_rows(label):
+    """rows(env_id, runs, seeds) of the line that says how many of standard's record levels the method reached first,
+    at the same round and later (the sign of SE at each level), over the seeds"""
+    def rows(env_id, runs, seeds):
+        se = [x for s in seeds for x in analysis.efficiency(runs["none"][s], runs[label][s])["se"]]
+        first, tied, later = sum(x > 0 for x in se), sum(x == 0 for x in se), sum(x < 0 for x in se)
+        return [f"{env_id}: of standard's {len(se)} record levels, {LABELS.get(label, label)} reached {first} first, "
+                f"{tied} at the same round, {later} later"]
+    return rows
+
 
 @dataclass
 class Efficiency(analysis.Efficiency):
-    """analysis.py efficiency, and SE at chosen levels, on the first rounds, or as if tested less
-    often"""
+    """analysis.py efficiency, and SE_ave over even levels, SE at chosen levels, on the first rounds, or as if tested
+    less often"""
+    levels: Literal["both", "records", "even"] = "both"
+    """SE_ave's performance levels: standard's record returns, 10 even levels up to its peak, or a column for each"""
     at: tuple[float, ...] = ()
     """also print SE(v) at these test-return levels v"""
     rounds: int = 0
@@ -105,7 +136,11 @@ def cmd_efficiency(args):
         return rows
     heading = (f"\nSE at chosen levels v (rounds to reach v, {name} / standard, per seed):\n\n"
                "| env | method | v | m / m_std | SE(v) |\n|---|---|---|---|---|\n")
-    analysis.cmd_efficiency(args, prepare, (heading, at_rows))
+    readings = [(f"SE_ave, {r}", even_levels if r == "even" else r) for r in ("records", "even")
+                if args.levels in ("both", r)]
+    said = {"both": "record returns and/or 10 even levels up to its peak", "records": "record returns",
+            "even": "10 even levels up to its peak"}[args.levels]
+    analysis.cmd_efficiency(args, prepare, readings, said, [("\n", order_rows(args.label)), (heading, at_rows)])
 
 
 # ---- The released code's recipes, one row each (results/ablation) ----
@@ -129,13 +164,13 @@ class Ablation:
 
 
 def cmd_ablation(args):
-    """One row per recipe: IIF against standard PPO under it (means over seeds [95 % bootstrap
-    intervals]), and the final test returns of standard PPO, IIF and random filtering."""
+    """One row per recipe: IIF against standard PPO under it (means over seeds [95 % t-intervals]),
+    and the final test returns of standard PPO, IIF and random filtering."""
     def pm(x, fmt):
         return f"{np.mean(x):{fmt}} ± {np.std(x):{fmt}}" if len(x) else "-"
     rounds = {e: int(n) for e, n in (c.split("=") for c in args.complete)}
     moves = []
-    print("SE in %, mean over seeds [95 % bootstrap interval]; returns: mean ± std over seeds\n")
+    print("SE in %, mean over seeds [95 % t-interval]; returns: mean ± std over seeds\n")
     print(f"| env | recipe | seeds | SE_ave, records | SE_ave, even | SE_peak | RT_peak "
           f"| standard, round {args.at_round} | standard, final | IIF, final | random, final |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -236,7 +271,7 @@ def area_and_final(rows):
 def cmd_sensitivity(args):
     names = {"none": "standard", "influence": "IIF"}
     fig, axes = plt.subplots(2, len(args.env), figsize=(3.6 * len(args.env), 5.6), squeeze=False)
-    table, best_rows, verdicts, loso_rows = [], [], [], []
+    table, best_rows, best_diff, loso = [], [], {}, {}
     for j, env_id in enumerate(args.env):
         runs, n, left = tuned_runs(args.runs, env_id)
         n_seeds = max(len(seeds) for rates in runs.values() for seeds in rates.values())
@@ -286,7 +321,7 @@ def cmd_sensitivity(args):
         axes[0, j].set_title(env_id, fontsize=10)
         if len(best) < 2:
             continue
-        loso_rows.append(leave_one_seed_out(env_id, runs, candidates))
+        loso[env_id] = leave_one_seed_out(runs, candidates)
         for name, (m_std, m_iif) in (("best against best", (best["none"], best["influence"])),
                                      ("both at the preset's", (1.0, 1.0))):
             std, iif = runs["none"].get(m_std, {}), runs["influence"].get(m_iif, {})
@@ -305,31 +340,43 @@ def cmd_sensitivity(args):
                 f"| {fmt_ci([e['rt_peak'] for e in res['records']])} "
                 f"| {fmt_ci(finals[0], 1, fmt)} | {fmt_ci(finals[1], 1, fmt)} | {fmt_ci(diff, 1, fmt)} |")
             if name == "best against best":
-                mean, low, high = mean_ci(diff)
-                way = ("IIF higher" if low > 0 else "standard higher" if high < 0
-                       else "no difference shown")
-                verdicts.append(f"{env_id}: {way} (area, IIF at {m_iif:g} x minus standard at "
-                                f"{m_std:g} x: {mean:{fmt}} [{low:{fmt}}, {high:{fmt}}], {len(seeds)} seeds)")
+                best_diff[env_id] = (diff, f"IIF at {m_iif:g} x minus standard at {m_std:g} x", fmt)
+    words = ("IIF ahead", "standard PPO ahead")
+    fam = verdicts.family({e: d for e, (d, _, _) in best_diff.items()}, words=words)
+    ways = []
+    for env_id, (diff, which, fmt) in best_diff.items():
+        c = fam[env_id]
+        ways.append(f"{env_id}: {c['verdict']} (area, {which}: {fmt_ci(diff, 1, fmt)}, p "
+                    f"{verdicts.p_text(c['p'])}, Holm p {verdicts.p_text(c['p_holm'])})")
+    fam = verdicts.family({e: d for e, (d, _) in loso.items() if d}, words=words)
+    loso_rows = []
+    for env_id, (diff, picks) in loso.items():
+        if diff:
+            fmt, c = ".3f" if max(abs(x) for x in diff) <= 1 else ".1f", fam[env_id]
+            loso_rows.append(f"| {env_id} | {len(diff)} | {fmt_ci(diff, 1, fmt)} | {verdicts.p_text(c['p'])} | "
+                             f"{verdicts.p_text(c['p_holm'])} | {c['verdict']} | {', '.join(picks['none'])} | "
+                             f"{', '.join(picks['influence'])} |")
     print("Each (method, learning rate): area = mean test return over the tested rounds, final = test "
-          "return after the last compared round; mean over seeds [95 % bootstrap interval]. Best: the "
+          "return after the last compared round; mean over seeds [95 % t-interval]. Best: the "
           "rate with the highest mean area.\n")
     print("| env | method | lr / preset's | seeds | area | final | |\n|---|---|---|---|---|---|---|")
     for env_id, method, m, k, area, final, note in table:
         print(f"| {env_id} | {method} | {m:g} | {k} | {area} | {final} | {note} |")
     print("\nIIF against standard PPO, paired by seed: SE in %; finals and the area difference (IIF minus "
-          "standard) in test return; mean [95 % bootstrap interval]\n")
+          "standard) in test return; mean [95 % t-interval]\n")
     print("| env | comparison | standard's lr x | IIF's lr x | seeds | SE_ave, records | SE_ave, even | SE_peak "
           "| RT_peak | standard, final | IIF, final | area, IIF - standard |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(best_rows))
-    print("\nWhich way it falls, best against best:\n" + "\n".join(verdicts))
+    print("\nWhich way it falls, best against best (the area difference above: the paired t-test, Holm over the "
+          "environments, ahead only where the Holm p is below 0.05):\n" + "\n".join(ways))
     print("\nBest against best without peeking: for each seed, each method's rate is the one with the highest "
           "mean area over the other seeds, and the seed left out scores it; IIF minus standard in area, mean [95 % "
-          "t-interval] over the seeds left out (ahead or behind only where it excludes 0), and each method's rates "
-          "so picked\n")
-    print("| env | seeds | area, IIF - standard | verdict | standard's picks (x preset's) | IIF's picks |\n"
-          "|---|---|---|---|---|---|")
-    print("\n".join(r for r in loso_rows if r))
+          "t-interval] over the seeds left out, the paired t-test and Holm over the environments (ahead or behind "
+          "only where the Holm p is below 0.05), and each method's rates so picked\n")
+    print("| env | seeds | area, IIF - standard | p | p, Holm | verdict | standard's picks (x preset's) | IIF's picks |"
+          "\n|---|---|---|---|---|---|---|---|")
+    print("\n".join(loso_rows))
     legend = {}  # one legend for every panel, below them
     for ax in axes.flat:
         legend.update(zip(*reversed(ax.get_legend_handles_labels())))
@@ -339,25 +386,22 @@ def cmd_sensitivity(args):
     print(f"wrote {args.out}")
 
 
-def leave_one_seed_out(env_id, runs, candidates):
-    """The table row of best against best with each method's rate chosen on the other seeds"""
+def leave_one_seed_out(runs, candidates):
+    """Best against best with each method's rate chosen on the other seeds: the area differences (IIF minus
+    standard) of the seeds left out, and each method's picks; no differences below 3 seeds"""
     area = {mt: {m: {s: area_and_final(r)[0] for s, r in runs[mt][m].items()} for m in candidates[mt]}
             for mt in ("none", "influence")}
     seeds = sorted(set.intersection(*(set(v) for mt in area for v in area[mt].values())))
-    if len(seeds) < 3:
-        return ""
     diff, picks = [], {"none": [], "influence": []}
+    if len(seeds) < 3:
+        return diff, picks
     for s in seeds:
         pick = {mt: max(area[mt], key=lambda m: np.mean([a for t, a in area[mt][m].items() if t != s]))
                 for mt in area}
         diff.append(area["influence"][pick["influence"]][s] - area["none"][pick["none"]][s])
         for mt in pick:
             picks[mt].append(f"{pick[mt]:g}")
-    mean, low, high = mean_t(diff)
-    fmt = ".3f" if max(abs(x) for x in diff) <= 1 else ".1f"
-    way = "IIF ahead" if low > 0 else "standard PPO ahead" if high < 0 else f"not detected over {len(seeds)} seeds"
-    return (f"| {env_id} | {len(seeds)} | {mean:{fmt}} [{low:{fmt}}, {high:{fmt}}] | {way} | "
-            f"{', '.join(picks['none'])} | {', '.join(picks['influence'])} |")
+    return diff, picks
 
 
 # ---- What the filter dropped, and the records rescored ----
@@ -706,7 +750,7 @@ def load(plain, rows):
 
 
 def cmd_ippo(args):
-    """Per task and method, over seeds, mean [95 % bootstrap interval]: the final reward, test
+    """Per task and method, over seeds, mean [95 % t-interval]: the final reward, test
     metric and KL (means of the last --last rounds), the unfaithful share among right answers, the kept
     fraction and the first round it falls below a half, and the seconds per round and to PPO's
     final reward; then I-PPO's differences from SFT and PPO, seed by seed."""
@@ -719,7 +763,7 @@ def cmd_ippo(args):
         cot = not np.isnan(first_row.get("eval_accuracy", np.nan))
         metric, name = ("eval_accuracy", "test accuracy") if cot else ("eval_toxicity", "test toxicity")
         labels = [lb for lb in IPPO_LABELS if lb in runs]
-        print(f"\n{env}: mean [95 % bootstrap interval] over seeds; reward and {name}: means of the last "
+        print(f"\n{env}: mean [95 % t-interval] over seeds; reward and {name}: means of the last "
               f"{w} rounds; seconds: generation, forward, scoring and update (test left out)\n")
         print(f"| method | seeds | final reward | {name} | KL to the reference |" + (" unfaithful among right, test | unfaithful "
               "among right, trained on |" if cot else "") + " kept, first 5 rounds | kept, last 5 | first round "
@@ -798,15 +842,14 @@ def cmd_ippo(args):
         kax.legend(fontsize=7)
         ax[0].legend(fontsize=7)
         for ippo in [lb for lb in ("i-ppo", "i-ppo-noreweight") if lb in stats]:
-            print(f"\n{IPPO_LABELS[ippo]} minus each method, seed by seed, mean [95 % bootstrap interval] "
-                  "t [95 % t-interval]:\n")
+            print(f"\n{IPPO_LABELS[ippo]} minus each method, seed by seed, mean [95 % t-interval]:\n")
             print(f"| against | final reward | {name} |" + (" unfaithful among right, test |" if cot else ""))
             print("|---|---|---|" + ("---|" if cot else ""))
             for lb in [b for b in labels if b != ippo]:
                 seeds = sorted(set(stats[ippo][0]) & set(stats[lb][0]))
                 d = [[stats[ippo][j][s] - stats[lb][j][s] for s in seeds] for j in range(len(stats[lb]))]
                 print(f"| {IPPO_LABELS[lb]} ({len(seeds)} seeds) | "
-                      + " | ".join(f"{fmt_ci(x, 1, '+.3f')} t {t_interval(x, '+.3f')}" for x in d) + " |")
+                      + " | ".join(fmt_ci(x, 1, "+.3f") for x in d) + " |")
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     kfig.tight_layout()
@@ -815,26 +858,13 @@ def cmd_ippo(args):
     print(f"\nwrote {args.out} and {kout}")
 
 
-def mean_t(x):
-    """Mean over seeds and its 95 % t-interval (nan with one seed): with 3 to 5 seeds, wider and
-    truer than the percentile bootstrap, whose interval at 3 seeds is the seeds' range"""
-    x = np.asarray(x, dtype=float)
-    h = scipy.stats.t.ppf(0.975, len(x) - 1) * x.std(ddof=1) / np.sqrt(len(x)) if len(x) > 1 else math.nan
-    return float(x.mean()), float(x.mean() - h), float(x.mean() + h)
-
-
-def ahead_or_behind(lo, hi, above="ahead", below="behind"):
-    """The one rule's verdict word: ahead (above 0) or behind only where the 95 % interval excludes 0"""
-    return above if lo > 0 else below if hi < 0 else "not detected"
-
-
-def t_interval(x, fmt):
-    """mean_t's interval, formatted"""
-    _, lo, hi = mean_t(x)
+def t_text(x, fmt):
+    """'[low, high]': the 95 % t-interval of x's mean, formatted"""
+    _, lo, hi = verdicts.t_interval(x)
     return f"[{lo:{fmt}}, {hi:{fmt}}]"
 
 
-# ---- Fig. 6(b) against the paper, under one rule (t-intervals; Welch's test against its mean ± std) ----
+# ---- Fig. 6(b) against the paper, under the one rule (t-intervals, t-tests, Welch's against its mean ± std, Holm) ----
 
 PAPER_FIG6B = {  # the paper's Fig. 6(b), in %: mean and std over its 3 seeds of SE_ave, SE_peak, RT_peak
     "FrozenLake-v1": ((33.7, 3.4), (19.6, 8.4), (31.3, 3.3)),
@@ -848,10 +878,10 @@ PAPER_FIG6B = {  # the paper's Fig. 6(b), in %: mean and std over its 3 seeds of
 
 @dataclass
 class Paper:
-    """Fig. 6(b) under one rule: SE_ave (both readings of the levels), SE_peak and RT_peak, each a mean over seeds
-    with its 95 % t-interval (the percentile bootstrap beside it), and Welch's t-test against the paper's
-    mean ± std over its 3 seeds. A verdict word only where the t-interval excludes 0 (IIF ahead of or behind
-    standard PPO) or the test rejects at 5 % (above or below the paper)"""
+    """Fig. 6(b) under the one rule (research/verdicts.py): SE_ave (both readings of the levels), SE_peak and RT_peak,
+    each a mean over seeds with its 95 % t-interval; against standard PPO the paired t-test, against the paper
+    Welch's t-test of our seeds against its mean ± std over its 3 seeds, each with Holm over the environments of one
+    measure. A verdict word only where the Holm-adjusted p is below 0.05"""
     env: tuple[str, ...]
     """env ids"""
     runs: str = "results/runs"
@@ -862,20 +892,19 @@ class Paper:
     """standard PPO's label (results/held_step.py's runs: standard)"""
 
 
-def welch(x, mean, std, n=3):
-    """Welch's two-sided t-test of the seeds x against a published mean ± std over n seeds (its std read as the
-    sample std): the p-value"""
-    x = np.asarray(x, dtype=float)
-    return float(scipy.stats.ttest_ind_from_stats(x.mean(), x.std(ddof=1), len(x), mean, std, n,
-                                                  equal_var=False).pvalue)
+PAPER_MEASURES = (("SE_ave, records", "se_ave", "records", 0), ("SE_ave, even", "se_ave", "even", 0),
+                  ("SE_peak", "se_peak", "records", 1), ("RT_peak", "rt_peak", "records", 2))  # 0-2: PAPER_FIG6B's
 
 
 def cmd_paper(args):
     name = LABELS.get(args.label, args.label)
-    print(f"{name} against standard PPO and against the paper's Fig. 6(b), in %: mean over seeds [95 % t-interval] "
-          "(95 % bootstrap interval); the paper's mean ± std over 3 seeds and Welch's two-sided p against it\n")
-    print("| env | measure | seeds | ours | against standard PPO | paper | p | against the paper |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"{name} against standard PPO and against the paper's Fig. 6(b), in %: mean over seeds [95 % t-interval]; "
+          "against standard PPO the paired t-test, against the paper's mean ± std over its 3 seeds Welch's two-sided "
+          "test; each p Holm-adjusted over the environments of one measure, and ahead or behind, above or below only "
+          "where that is below 0.05\n")
+    print("| env | measure | seeds | ours | p | p, Holm | against standard PPO | paper | p | p, Holm | against the paper |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    found = {}  # env: {measure: 100 x per-seed values}, or the seeds when fewer than 2
     for env_id in args.env:
         runs = load_runs(args.runs, env_id)
         std = runs.get(args.baseline, {})
@@ -883,27 +912,30 @@ def cmd_paper(args):
         n = max((len(r[s]) for r in (std, runs.get(args.label, {})) for s in seeds), default=0)
         seeds = [s for s in seeds if min(len(std[s]), len(runs[args.label][s])) == n]
         if len(seeds) < 2:
-            print(f"| {env_id} | - | {len(seeds)} | fewer than 2 finished seeds with both runs | | | | |")
+            found[env_id] = seeds
             continue
         res = {r: [efficiency(std[s], runs[args.label][s], r) for s in seeds] for r in ("records", "even")}
-        paper = PAPER_FIG6B.get(env_id)
-        for measure, key, reading, ref in [("SE_ave, records", "se_ave", "records", 0),  # ref: PAPER_FIG6B's
-                                           ("SE_ave, even", "se_ave", "even", 0),
-                                           ("SE_peak", "se_peak", "records", 1),
-                                           ("RT_peak", "rt_peak", "records", 2)]:
-            x = 100 * np.array([r[key] for r in res[reading]])
-            mean, lo, hi = mean_t(x)
-            _, blo, bhi = mean_ci(x)
-            vs_std = ahead_or_behind(lo, hi)
-            if paper:
-                pm, ps = paper[ref]
-                p = welch(x, pm, ps)
-                vs_paper = ("below" if mean < pm else "above") if p < 0.05 else "not detected"
-                cells = f"{pm:.1f} ± {ps:.1f} | {p:.3f} | {vs_paper}"
-            else:
-                cells = "- | - | -"
-            print(f"| {env_id} | {measure} | {len(seeds)} | {mean:.1f} [{lo:.1f}, {hi:.1f}] ({blo:.1f}, {bhi:.1f}) | "
-                  f"{vs_std} | {cells} |")
+        found[env_id] = {m: 100 * np.array([r[key] for r in res[rd]]) for m, key, rd, _ in PAPER_MEASURES}
+    done = [e for e in args.env if isinstance(found[e], dict)]
+    vs_std = {m: verdicts.family({e: found[e][m] for e in done}) for m, *_ in PAPER_MEASURES}
+    vs_paper = {}
+    for m, _, _, ref in PAPER_MEASURES:
+        ps = {e: verdicts.welch(found[e][m], *PAPER_FIG6B[e][ref]) for e in done if e in PAPER_FIG6B}
+        vs_paper[m] = dict(zip(ps, zip(ps.values(), verdicts.holm(list(ps.values())))))
+    for env_id in args.env:
+        if env_id not in done:
+            print(f"| {env_id} | - | {len(found[env_id])} | fewer than 2 finished seeds with both runs | | | | | | | |")
+            continue
+        for m, _, _, ref in PAPER_MEASURES:
+            c = vs_std[m][env_id]
+            cells = "- | - | - | -"
+            if env_id in vs_paper[m]:
+                (pm, ps), (p, pa) = PAPER_FIG6B[env_id][ref], vs_paper[m][env_id]
+                word = verdicts.verdict(c["mean"] - pm, pa, c["n"], "above", "below")
+                cells = (f"{pm:.1f} ± {ps:.1f} | {verdicts.p_text(p)} | {verdicts.p_text(pa)} | "
+                         + ("not detected to differ" if word.startswith("not") else word))
+            print(f"| {env_id} | {m} | {c['n']} | {c['text']} | {verdicts.p_text(c['p'])} | "
+                  f"{verdicts.p_text(c['p_holm'])} | {c['verdict']} | {cells} |")
 
 
 # ---- RLHF methods at equal KL to the reference (results/frontier.sh) ----
@@ -1128,16 +1160,6 @@ def seed_residuals(runs, fits, metric):
     return {s: float(np.mean(res[s])) for s in sorted(res)}, outside
 
 
-def read_family(cells, lower_is_better=False):
-    """verdicts.family over cells {name: per-seed differences}, its verdict words turned where lower is better
-    (a positive difference is then behind)"""
-    out = verdicts.family(cells, "+.3f")
-    for c in out.values():
-        c["verdict"] = verdicts.verdict(c["mean"], c["p_holm"], c["n"],
-                                        *(("behind", "ahead") if lower_is_better else ("ahead", "behind")))
-    return out
-
-
 def frontier_cells(runs, base, metric, lower_is_better=False):
     """The rule runs' differences on one task, baseline and metric, before any test. Per seed s of the baseline,
     its frontier over its runs of the other seeds (seed_fits), and at it each run's residual at its own final KL, a
@@ -1165,9 +1187,9 @@ def frontier_family(runs, base, metric, lower_is_better=False):
     or lower where lower is better). Returns (null: its family cell with residuals, outside and runs, {method:
     frontier_cells' dict and, where it has a difference, its family cell})"""
     own_base, base_out, extra = frontier_cells(runs, base, metric, lower_is_better)
-    null = read_family({base: list(own_base.values())}, lower_is_better)[base] if own_base else dict(n=0)
+    null = verdicts.family({base: list(own_base.values())}, "+.3f", lower_is_better)[base] if own_base else dict(n=0)
     null.update(residuals=own_base, outside=base_out, runs=len(runs[base]))
-    for m, c in read_family({m: c["cell"] for m, c in extra.items() if c["n"]}, lower_is_better).items():
+    for m, c in verdicts.family({m: c["cell"] for m, c in extra.items() if c["n"]}, "+.3f", lower_is_better).items():
         extra[m].update(c)
     return null, extra
 
@@ -1264,7 +1286,7 @@ def cmd_frontier_runs(args):
                 for label, per_beta in (("upper envelope of per-beta means", True),
                                         ("upper envelope of runs", False)):
                     r = envelope_null(runs[base], k, lower, per_beta)
-                    rows.append((label, dict(read_family({0: list(r.values())}, lower)[0], residuals=r)
+                    rows.append((label, dict(verdicts.family({0: list(r.values())}, "+.3f", lower)[0], residuals=r)
                                  if r else dict(n=0)))
                 for label, c in rows:
                     inside = f"{null['runs'] - len(null['outside'])} of {null['runs']}" if c is null else "-"
@@ -1365,8 +1387,8 @@ def cmd_frontier(args):
         for m in methods:
             for beta, p in sorted(points[m].items()):
                 print(f"| {name_of(m)} | {beta:g} | {len(p['final_kl'])} | "
-                      f"{np.mean(p['final_kl']):.3g} {t_interval(p['final_kl'], '.3g')} | "
-                      + " | ".join(f"{np.nanmean(p[k]):.3f} {t_interval(p[k], '.3f')}" for k in metrics) + " |")
+                      f"{np.mean(p['final_kl']):.3g} {t_text(p['final_kl'], '.3g')} | "
+                      + " | ".join(f"{np.nanmean(p[k]):.3f} {t_text(p[k], '.3f')}" for k in metrics) + " |")
         for base in args.baseline:
             if base not in points:
                 print(f"\n{env}: no {base}-b<beta> runs to compare with")
@@ -1383,13 +1405,13 @@ def cmd_frontier(args):
                   f"point's seeds; share of resamples outside the frontier's KLs)\n")
             print("| method | beta | KL | " + " | ".join(FRONTIER_METRICS[m] for m in metrics) + " |")
             print("|---|---|---|" + "---|" * len(metrics))
-            verdicts = {}
+            words = {}
             for m in methods:
                 if m == base:
                     continue
                 per_metric = {k: equal_kl(points, m, k, args.resamples, rng, base) for k in metrics}
                 n = min(len(p["final_kl"]) for q in (points[m], points[base]) for p in q.values())
-                verdicts[m] = {k: "no verdict: a point of one seed has no interval" if n < 2 and v else
+                words[m] = {k: "no verdict: a point of one seed has no interval" if n < 2 and v else
                                verdict(v, k in LOWER_IS_BETTER, name, n) for k, v in per_metric.items()}
                 rows = {r[0]: {} for v in per_metric.values() for r in v}
                 for k, v in per_metric.items():
@@ -1405,7 +1427,7 @@ def cmd_frontier(args):
                   "unfaithful share)\n")
             print("| method | " + " | ".join(FRONTIER_METRICS[m] for m in metrics) + " |")
             print("|---|" + "---|" * len(metrics))
-            for m, v in verdicts.items():
+            for m, v in words.items():
                 print(f"| {name_of(m)} | " + " | ".join(v.values()) + " |")
         for a, metric in zip(ax, metrics):
             for m in methods:
@@ -1433,6 +1455,7 @@ def cmd_frontier(args):
 
 
 COMMANDS = {  # subcommand: (its flags, what it runs)
+    "curves": (analysis.Curves, functools.partial(analysis.cmd_curves, names=LABELS)),  # with the names above
     "efficiency": (Efficiency, cmd_efficiency),
     "sensitivity": (Sensitivity, cmd_sensitivity),
     "ablation": (Ablation, cmd_ablation),

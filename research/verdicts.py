@@ -9,7 +9,8 @@ Two arms are compared seed by seed: the arms of one seed share theta(0) and B(0)
 - "ahead" or "behind" only where the Holm-adjusted p is below 0.05; else "not detected over N seeds".
 SE_ave's reading is antisymmetric (`antisymmetric`): SE_ave over one arm's record levels leans below 0 even between
 two copies of one run, since its levels sit on that arm's own upward noise. tests/test_verdicts.py checks the
-reading on a synthetic pair and Holm against a hand computation.
+reading on a synthetic pair and Holm against a hand computation; tests/test_analysis.py, that analysis.py's own
+t-interval (a file a student copies alone) is this one.
 """
 import math
 
@@ -56,11 +57,12 @@ def holm(ps):
     return out
 
 
-def verdict(mean, p_adjusted, n, above="ahead", below="behind"):
-    """The one rule: the direction of the mean where the adjusted p is below ALPHA, else not detected"""
+def verdict(mean, p_adjusted, n, above="ahead", below="behind", unit="seed"):
+    """The one rule: the direction of the mean where the adjusted p is below ALPHA, else not detected (over n units:
+    seeds, or the rounds of one run where those are the sample)"""
     if n >= 2 and p_adjusted < ALPHA:
         return above if mean > 0 else below
-    return f"not detected over {n} seed{'' if n == 1 else 's'}"
+    return f"not detected over {n} {unit}{'' if n == 1 else 's'}"
 
 
 def antisymmetric(se_over_base, se_over_other):
@@ -69,18 +71,20 @@ def antisymmetric(se_over_base, se_over_other):
     return (np.asarray(se_over_base, dtype=float) - np.asarray(se_over_other, dtype=float)) / 2
 
 
-def family(cells, fmt=".1f"):
+def family(cells, fmt=".1f", lower_is_better=False, words=("ahead", "behind"), unit="seed"):
     """One verdict's cells {name: per-seed differences} -> {name: dict(n, mean, lo, hi, p, p_holm, verdict, text)},
-    Holm over the cells that have a test"""
+    Holm over the cells that have a test. words: the verdict above 0 and below it, turned where lower is better
+    (a positive difference is then the second)"""
     names = list(cells)
     ps = [p_value(cells[k]) for k in names]
     adjusted = holm(ps)
+    above, below = words[::-1] if lower_is_better else words
     out = {}
     for k, p, pa in zip(names, ps, adjusted):
         mean, lo, hi = t_interval(cells[k])
         n = len(cells[k])
-        out[k] = dict(n=n, mean=mean, lo=lo, hi=hi, p=p, p_holm=pa, verdict=verdict(mean, pa, n),
-                      text=f"{mean:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]" if n >= 2 else f"{mean:{fmt}} (1 seed)")
+        out[k] = dict(n=n, mean=mean, lo=lo, hi=hi, p=p, p_holm=pa, verdict=verdict(mean, pa, n, above, below, unit),
+                      text=f"{mean:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]" if n >= 2 else f"{mean:{fmt}} (1 {unit})")
     return out
 
 

@@ -3,7 +3,7 @@
     python results/grpo_filters.py        # prints the tables, writes results/figures/grpo_filters.png
     python results/grpo_filters.py --runs runs --prefix gsm8k --out gsm8k_filters.png   # other runs
 
-Per task and method, over seeds: the mean and its 95 % bootstrap interval (analysis.py's mean_ci) of
+Per task and method, over seeds: the mean and its 95 % t-interval (analysis.py's mean_ci) of
 the completions kept per generation batch, the final training reward (trailing mean of 5 generation
 batches), the test metric after the last generation batch, and the generated completions and seconds
 (generation, forward, influence or filtering, update; test evaluation left out) until the training
@@ -11,7 +11,8 @@ reward (trailing mean of 5) first reaches plain GRPO's final reward of the same 
 that reach it. The runs ran one after another on a machine whose load changed, so the seconds are
 also given load-adjusted: the ratio to plain GRPO's seconds of the same seed is multiplied by the
 ratio of the two runs' mean time per batch for generation and TRL's forward pass (the same work
-under every method).
+under every method). Each method against plain GRPO, paired by seed, under the one rule
+(research/verdicts.py): the paired t-test, Holm over the methods of one task and measure.
 """
 import argparse
 import json
@@ -22,9 +23,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "research"))  # analysis_variants.py
+sys.path.insert(0, os.path.join(ROOT, "research"))  # verdicts.py
 from analysis import fmt_ci, load_runs, plt, smooth  # noqa: E402
-from analysis_variants import ahead_or_behind, mean_t  # noqa: E402
+import verdicts  # noqa: E402
 
 TASKS = [("grpo-filters-add", "2-digit addition, reward 1 or 0 (exact checker)", "eval_accuracy",
           "test accuracy"),
@@ -68,7 +69,7 @@ def per_seed(runs, label, seed, metric):
 def table(prefix, title, metric, metric_name, runs):
     labels = [lb for lb in LABELS if lb in runs]
     done = {lb: sorted(s for s in runs[lb] if s in runs.get("none", {})) for lb in labels}
-    print(f"\n{title} ({prefix}): mean [95 % bootstrap interval] over seeds\n")
+    print(f"\n{title} ({prefix}): mean [95 % t-interval] over seeds\n")
     print(f"| method | seeds | kept of 64 | final reward | {metric_name} after the last batch | reach plain "
           "GRPO's final reward | completions to it | seconds to it | seconds to it / plain GRPO's | "
           "the same, load-adjusted | seconds per batch |")
@@ -90,20 +91,16 @@ def table(prefix, title, metric, metric_name, runs):
               f"| {f or fmt_ci(adjusted, 1, '.2f')} "
               f"| {fmt_ci(col['per_batch'], 1, '.3f')} |")
     lower = metric != "eval_accuracy"  # toxicity: lower is better
-    print(f"\nEach method minus plain GRPO, paired by seed: mean [95 % t-interval]; ahead or behind only where the "
-          f"interval excludes 0 (ahead: a higher final reward, a {'lower' if lower else 'higher'} {metric_name})\n")
+    print(f"\nEach method minus plain GRPO, paired by seed: mean [95 % t-interval] (Holm p) and the verdict: the "
+          f"paired t-test, Holm over the methods of a column, ahead or behind only where the Holm p is below 0.05 "
+          f"(ahead: a higher final reward, a {'lower' if lower else 'higher'} {metric_name})\n")
     print(f"| method | seeds | final reward | {metric_name} after the last batch |")
     print("|---|---|---|---|")
+    columns = [verdicts.family({lb: [stats[lb][s][k] - stats["none"][s][k] for s in stats[lb]] for lb in labels[1:]
+                                if len(stats[lb]) > 1}, "+.3f", flip) for k, flip in (("final", False), ("test", lower))]
     for lb in labels[1:]:
-        cells = []
-        for k, flip in (("final", False), ("test", lower)):
-            d = [stats[lb][s][k] - stats["none"][s][k] for s in stats[lb]]
-            if len(d) < 2:
-                cells.append("-")
-                continue
-            mean, lo, hi = mean_t(d)
-            word = ahead_or_behind(-hi, -lo) if flip else ahead_or_behind(lo, hi)
-            cells.append(f"{mean:+.3f} [{lo:+.3f}, {hi:+.3f}] {word}")
+        cells = [f"{c['text']} ({verdicts.p_text(c['p_holm'])}) {c['verdict']}" if (c := fam.get(lb)) else "-"
+                 for fam in columns]
         print(f"| {NAMES[lb]} | {len(stats[lb])} | {' | '.join(cells)} |")
     print("\nSeconds per generation batch, mean over batches and seeds (the machine's load changed while the "
           "runs ran one after another, so compare the columns within a row more than across rows); the scoring's "

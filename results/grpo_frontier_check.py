@@ -3,7 +3,8 @@
 of every one), and, paired by seed, each method minus plain GRPO in the final training reward (trailing mean of
 5 generation batches, the comparison's reading), in the training KL that metrics.csv now logs (kl_ref, per
 token, over the last 5 batches) and in the final policy's KL to the reference on the test prompts (final.json):
-mean [95 % t-interval] over seeds.
+mean [95 % t-interval] over seeds (the paired t-test's p, Holm-adjusted over the methods of one task and column:
+research/verdicts.py), higher or lower only where that p is below 0.05.
 
     python results/grpo_frontier_check.py > results/figures/grpo_frontier_check.md
 """
@@ -17,7 +18,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "research"))
-from analysis_variants import ahead_or_behind, mean_t  # noqa: E402
+import verdicts  # noqa: E402
 
 TASKS = {"detox": "0.2", "add": "0.04"}
 SEEDS = range(1, 6)
@@ -37,6 +38,13 @@ def reading(task, label, seed):
             final["final_kl"])
 
 
+def differences(task, label):
+    """(seeds, 3): the method's readings minus plain GRPO's, seed by seed"""
+    return np.array([reading(task, label, s) for s in SEEDS]) - np.array([reading(task, "none", s) for s in SEEDS])
+
+
+columns = {task: [verdicts.family({lb: differences(task, lb)[:, col] for lb in ("influence", "random")},
+                                  words=("higher", "lower")) for col in range(3)] for task in TASKS}
 print(__doc__.split("\n\n")[0].replace("\n", " ") + "\n")
 print("| task | method | seeds with the comparison's generation batches | final training reward - plain GRPO's "
       "| training KL per token - plain GRPO's | final policy's KL - plain GRPO's |")
@@ -48,8 +56,8 @@ for task, beta in TASKS.items():
             for s in SEEDS)
         cells = []
         if label != "none":
-            d = np.array([reading(task, label, s) for s in SEEDS]) - np.array([reading(task, "none", s) for s in SEEDS])
             for col, fmt in ((0, ".3f"), (1, ".2g"), (2, ".2f")):
-                mean, lo, hi = mean_t(d[:, col])
-                cells.append(f"{mean:+{fmt}} [{lo:+{fmt}}, {hi:+{fmt}}] {ahead_or_behind(lo, hi, 'higher', 'lower')}")
+                c = columns[task][col][label]
+                cells.append(f"{c['mean']:+{fmt}} [{c['lo']:+{fmt}}, {c['hi']:+{fmt}}] ({verdicts.p_text(c['p_holm'])}) "
+                             f"{c['verdict']}")
         print(f"| {task} (beta {beta}) | {label} | {same} of {len(SEEDS)} | " + " | ".join(cells or ["-"] * 3) + " |")

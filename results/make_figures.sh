@@ -60,7 +60,7 @@ fi
 if S="1 2 3 4 5" complete LunarLander-v3 150; then  # bash results/fig6b.sh: tested every round
   python analysis.py curves --runs results/runs --env LunarLander-v3 --labels influence none random --out $F/curves_lunarlander.png > $F/curves_lunarlander.txt
   python research/analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --at 0 100 200 > $F/efficiency_lunarlander.md
-  python analysis.py efficiency --runs results/runs --env LunarLander-v3 --label random > $F/efficiency_random_lunarlander.md
+  python research/analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --label random > $F/efficiency_random_lunarlander.md
   python research/analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --rounds 100 > $F/efficiency_lunarlander_100.md
   for n in 1 2 5; do
     echo "tested every $n round(s):"; python research/analysis_variants.py efficiency --runs results/runs --env LunarLander-v3 --tested-every $n | sed -n '5p;/record levels,/p'
@@ -93,7 +93,7 @@ fi
 if R=results/coarse complete BipedalWalker-v3 500; then  # 3 seeds tested every 10th round, on envpool
   python analysis.py curves --runs results/coarse --env BipedalWalker-v3 --labels influence none random --out $F/curves_bipedalwalker_coarse.png > $F/curves_bipedalwalker_coarse.txt
   python research/analysis_variants.py efficiency --runs results/coarse --env BipedalWalker-v3 --at 0 100 200 > $F/efficiency_bipedalwalker_coarse.md
-  python analysis.py efficiency --runs results/coarse --env BipedalWalker-v3 --label random > $F/efficiency_random_bipedalwalker_coarse.md
+  python research/analysis_variants.py efficiency --runs results/coarse --env BipedalWalker-v3 --label random > $F/efficiency_random_bipedalwalker_coarse.md
   R=results/coarse bash results/null_efficiency.sh BipedalWalker-v3=3 > $F/efficiency_null_bipedalwalker_coarse.md
 fi
 if S="1 2 3 4 5" complete BipedalWalker-v3 500 influence none; then  # bash results/fig6b.sh: tested every 2nd round
@@ -128,8 +128,8 @@ for e in FrozenLake-v1=50=3 Acrobot-v1=50=3 MiniGrid-Empty-8x8-v0=40=3 highway-v
   IFS== read -r env rounds n <<< "$e"
   if S="$(seq -s ' ' "$n")" complete "$env" "$rounds" influence none; then envs="$envs $env"; null="$null $env=$n"; fi
 done
-python analysis.py efficiency --runs results/runs --env $envs > $F/efficiency_all.md
-python research/analysis_variants.py paper --runs results/runs --env $envs > $F/paper_fig6b.md  # t-intervals, Welch
+python research/analysis_variants.py efficiency --runs results/runs --env $envs > $F/efficiency_all.md
+python research/analysis_variants.py paper --runs results/runs --env $envs > $F/paper_fig6b.md  # t-tests, Welch against the paper, Holm
 # the same at the paper's test protocol, 5 seeds: results/held_step.py's standard and IIF arms
 protocol="FrozenLake-v1 Acrobot-v1 MiniGrid-Empty-8x8-v0 highway-v0"
 if S="1 2 3 4 5" R=results/held-step/runs complete LunarLander-v3 150 influence standard; then
@@ -142,9 +142,9 @@ python research/analysis_variants.py paper --runs results/held-step/runs --basel
     echo "$n episodes, draw $seed: $(python research/analysis_variants.py efficiency --runs results/runs --env FrozenLake-v1 \
       --test-episodes $n --noise-seed $seed | sed -n 5p)"
   done; done
-  echo "1000 episodes, as recorded: $(python analysis.py efficiency --runs results/runs --env FrozenLake-v1 | sed -n 5p)"
+  echo "1000 episodes, as recorded: $(python research/analysis_variants.py efficiency --runs results/runs --env FrozenLake-v1 | sed -n 5p)"
 } > $F/efficiency_test_noise.md
-python analysis.py efficiency --runs results/runs --env $envs --label random > $F/efficiency_random_all.md
+python research/analysis_variants.py efficiency --runs results/runs --env $envs --label random > $F/efficiency_random_all.md
 bash results/null_efficiency.sh $null > $F/efficiency_null.md  # the noise floor
 if [ -f results/backends/highway-v0__influence-gymnasium__1/metrics.csv ]; then  # bash results/backends.sh
   python analysis.py curves --runs results/backends --env Acrobot-v1 highway-v0 --out $F/backends.png > $F/backends.txt

@@ -14,4 +14,4 @@ for e in "$@"; do
     ln -s "$PWD/${R:-results/runs}/${env}__none__$((s % n + 1))" "$tmp/${env}__other-seed__$s"
   done
 done
-python analysis.py efficiency --runs "$tmp" --env "${envs[@]}" --label other-seed
+python research/analysis_variants.py efficiency --runs "$tmp" --env "${envs[@]}" --label other-seed

@@ -24,7 +24,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "research"))  # analysis_variants.py
+sys.path.insert(0, os.path.join(ROOT, "research"))  # analysis_variants.py, verdicts.py
 OUT = os.path.join(ROOT, "results", "step-control")
 # env: (the flags of its runs in results/runs, its seeds there, the rounds compared)
 ENVS = {
@@ -151,10 +151,11 @@ def kl(runs, last):
 
 def stage_table(envs):
     import analysis
-    from analysis_variants import ahead_or_behind, mean_t
+    import analysis_variants
+    import verdicts
     runs, choice = os.path.join(OUT, "runs"), picked()
-    paired = []  # (env, multiple, {measure: per-seed differences, the larger step's minus IIF's})
-    print("Standard PPO at IIF's step size, against standard PPO: means over seeds [95 % bootstrap interval]; "
+    paired = []  # (env, multiple, fmt of the final return, [per-seed differences, the larger step's minus IIF's])
+    print("Standard PPO at IIF's step size, against standard PPO: means over seeds [95 % t-interval]; "
           "KL: median over rounds and seeds of KL(pi_theta(k) || pi_theta(k+1)) on B(k), over the pilot's window "
           "(the multiple was picked there) and over all compared rounds; final: test return after the last "
           "compared round, mean ± std over seeds\n")
@@ -178,7 +179,7 @@ def stage_table(envs):
             if not rows:
                 continue
             std = {s: found["none"][s][:n] for s in rows}
-            res = {rd: [analysis.efficiency(std[s], rows[s], rd) for s in rows]
+            res = {rd: [analysis_variants.efficiency(std[s], rows[s], rd) for s in rows]
                    for rd in ("records", "even")}
             final = [rows[s][-1]["test_return_mean"] for s in rows]
             per_seed[lb] = {s: (100 * res["records"][i]["se_ave"], 100 * res["even"][i]["se_ave"],
@@ -201,15 +202,17 @@ def stage_table(envs):
             paired.append((env_id, choice[env_id], fmt, [[per_seed[label][s][i] - per_seed["influence"][s][i]
                                                           for s in both] for i in range(4)]))
     print("\nThe larger step against IIF, paired by seed: standard PPO at the multiple minus IIF, mean [95 % "
-          "t-interval]; ahead or behind (the larger step's) only where the interval excludes 0\n")
+          "t-interval] (Holm p) and the verdict: the paired t-test, Holm over the environments of a column, ahead or "
+          "behind (the larger step's) only where the Holm p is below 0.05\n")
     print("| env | lr multiple | seeds | SE_ave, records | SE_ave, even | SE_peak | final |")
     print("|---|---|---|---|---|---|---|")
+    columns = [verdicts.family({env_id: diffs[i] for env_id, _, _, diffs in paired}) for i in range(4)]
     for env_id, m, fmt, diffs in paired:
         cells = []
-        for i, d in enumerate(diffs):
-            mean, lo, hi = mean_t(d)
-            f = fmt if i == 3 else ".1f"
-            cells.append(f"{mean:+{f}} [{lo:+{f}}, {hi:+{f}}] {ahead_or_behind(lo, hi)}")
+        for i, fam in enumerate(columns):
+            c, f = fam[env_id], fmt if i == 3 else ".1f"
+            cells.append(f"{c['mean']:+{f}} [{c['lo']:+{f}}, {c['hi']:+{f}}] ({verdicts.p_text(c['p_holm'])}) "
+                         f"{c['verdict']}")
         print(f"| {env_id} | {m:g} | {len(diffs[0])} | {' | '.join(cells)} |")
 
 

@@ -62,22 +62,36 @@ def test_efficiency_with_a_level_iif_never_reaches():
 
 def test_even_levels_and_their_se():
     returns = [0.0, 0.2, float("nan"), 0.5, 1.0]  # --eval-every: the nan round sets no level
-    assert analysis.performance_levels(returns, "even", 4) == pytest.approx([0.25, 0.5, 0.75, 1.0])
-    assert analysis.performance_levels(returns) == [0.0, 0.2, 0.5, 1.0]
+    assert analysis_variants.even_levels(returns, 4) == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert analysis.record_levels(returns) == [0.0, 0.2, 0.5, 1.0]
     std = rows([0.0, 0.2, 0.2, 0.5, 0.5, 1.0])
     iif = rows([0.0, 0.5, 0.65, 1.0, 1.0, 1.0])
     # ten levels .1, .2, ..., 1: standard after 2, 2, 4, 4, 4, 6 x 5 rounds; IIF after 2 x 5, 3, 4 x 4
     expected = np.mean([0, 0, 1 - 2 / 4, 1 - 2 / 4, 1 - 2 / 4, 1 - 3 / 6] + [1 - 4 / 6] * 4)
-    assert analysis.efficiency(std, iif, "even")["se_ave"] == pytest.approx(expected)
-    assert analysis.efficiency(std, iif, "even")["se_peak"] == analysis.efficiency(std, iif)["se_peak"]
+    even = analysis_variants.efficiency(std, iif, "even")
+    assert even["se_ave"] == pytest.approx(expected) and even["n_levels"] == 10
+    assert even["se_peak"] == analysis.efficiency(std, iif)["se_peak"]
+    assert analysis_variants.efficiency(std, iif) == analysis.efficiency(std, iif, "records")  # the paper's levels
 
 
-def test_mean_ci_is_scipys_percentile_bootstrap():
-    x = [0.1, 0.3, 0.2, 0.6, 0.4]
+@pytest.mark.parametrize("x", [[0.1, 0.3, 0.2, 0.6, 0.4], [12.0, -3.5, 40.25], [-1e-3, 2e-3], [7.0, 7.0, 7.0],
+                               np.random.default_rng(0).normal(30, 20, 10)])
+def test_mean_ci_is_the_t_interval_of_research_verdicts(x):
+    """analysis.py keeps its own t-interval (it runs copied beside iif.py alone); every table's "[lo, hi]" is the
+    same interval, research/verdicts.py's"""
+    import verdicts
+    assert analysis.mean_ci(x) == verdicts.t_interval(x)  # exactly: the same digits in every table
     mean, low, high = analysis.mean_ci(x)
-    assert mean == pytest.approx(0.32) and min(x) <= low < mean < high <= max(x)
-    assert analysis.mean_ci([0.5, 0.5]) == (0.5, 0.5, 0.5)  # no spread: no interval to draw
-    assert analysis.mean_ci(x) == (mean, low, high)  # a fixed seed: the same table every time
+    if np.ptp(x) > 0:
+        ref = scipy.stats.t.interval(0.95, len(x) - 1, loc=np.mean(x), scale=scipy.stats.sem(x))
+        assert mean == pytest.approx(np.mean(x)) and (low, high) == pytest.approx(ref, rel=1e-9)
+    else:
+        assert low == mean == high  # no spread: the interval is the mean
+
+
+def test_mean_ci_of_one_seed_has_no_interval():
+    assert analysis.mean_ci([0.5])[0] == 0.5 and all(math.isnan(v) for v in analysis.mean_ci([0.5])[1:])
+    assert analysis.fmt_ci([0.5]) == "50.0 (1 seed)" and analysis.fmt_ci([0.5, 0.5]) == "50.0 [50.0, 50.0]"
 
 
 def test_rt_peak_divides_by_standard_time_over_all_rounds():
@@ -160,11 +174,20 @@ def test_curves_and_efficiency_subcommands(frozenlake_runs, tmp_path):
     runs, _ = frozenlake_runs
     out = sh("analysis.py", "curves", "--runs", str(runs), "--env", "FrozenLake-v1", "--out", str(tmp_path / "c.png"))
     assert "IIF" in out and "Standard" in out and (tmp_path / "c.png").stat().st_size > 0
+    band = sh("analysis.py", "curves", "--runs", str(runs), "--env", "FrozenLake-v1", "--band", "t",
+              "--out", str(tmp_path / "t.png"))
+    assert band.replace("t.png", "c.png") == out  # the band is drawn, not printed
+    assert (tmp_path / "t.png").read_bytes() != (tmp_path / "c.png").read_bytes()
     out = sh("analysis.py", "efficiency", "--runs", str(runs), "--env", "FrozenLake-v1")
     assert "| FrozenLake-v1 | IIF | 2 |" in out and "SE_ave" in out and "| FrozenLake-v1 | Standard |" in out
     at = sh("analysis_variants.py", "efficiency", "--runs", str(runs), "--env", "FrozenLake-v1", "--at", "-1")
     assert "| FrozenLake-v1 | IIF | -1 | 1 / 1, 1 / 1 | 0.0 % (2 of 2 seeds) |" in at  # every run reaches -1 in round 1
-    assert at.replace(at[at.index("\nSE at chosen"):at.index("\nPer-round")], "") == out  # and analysis.py's table
+    row, row_at = (next(line for line in o.splitlines() if line.startswith("| FrozenLake-v1 | IIF | 2 |"))
+                   for o in (out, at))
+    cells, cells_at = row.split(" | "), row_at.split(" | ")
+    assert cells_at[:4] + cells_at[5:] == cells  # analysis.py's row, and the even levels' SE_ave beside it
+    assert at[at.index("\nPer-round"):] == out[out.index("\nPer-round"):]
+    assert re.search(r"^FrozenLake-v1: of standard's \d+ record levels, IIF reached", at, re.M)
 
 
 def write_run(runs, label, seed, returns):
@@ -187,23 +210,35 @@ def test_curves_print_each_seeds_final_and_late_lowest(tmp_path):
     assert "per seed: final 1.0, 2.0; lowest after round 1: 1.0, 2.0" in out  # round 2 only
 
 
+def test_the_released_codes_labels_are_named_by_analysis_variants_only(tmp_path):
+    """analysis.py names the paper's methods; the research runs' names (results/release) are analysis_variants.py's"""
+    for label in ("none", "release-none"):
+        write_run(tmp_path, label, 1, [1, 2, 3])
+    out = sh("analysis.py", "curves", "--runs", str(tmp_path), "--env", "E", "--out", str(tmp_path / "c.png"))
+    assert "Standard: 3.000" in out and "release-none: 3.000" in out
+    out = sh("analysis_variants.py", "curves", "--runs", str(tmp_path), "--env", "E", "--out", str(tmp_path / "c.png"))
+    assert "Standard, released code: 3.000" in out
+
+
 def test_efficiency_on_the_first_rounds(tmp_path):
     runs = (("none", 1, [1, 2, 3, 4]), ("influence", 1, [2, 3, 3, 3]), ("none", 2, [1, 2, 3, 4]),
             ("influence", 2, [4, 4]))  # seed 2's IIF run is unfinished
     for label, seed, returns in runs:
         write_run(tmp_path, label, seed, returns)
-    cmd = ("analysis.py", "efficiency", "--runs", str(tmp_path), "--env", "E", "--levels", "records")
+    cmd = ("analysis.py", "efficiency", "--runs", str(tmp_path), "--env", "E")
     out = sh(*cmd)  # SE(v) for v = 1, 2, 3, 4: 1 - 1/1, 1 - 1/2, 1 - 2/3, 1 - (4 + 1)/4
-    assert "| E | IIF | 1 | 14.6 [14.6, 14.6] |" in out and "| 4 (1) |" in out
+    assert "| E | IIF | 1 | 14.6 (1 seed) |" in out and "| 4 (1) |" in out  # one seed: no interval
     assert "E: seed(s) 2 left out, unfinished" in out
-    assert "E: of standard's 4 record levels, IIF reached 2 first, 1 at the same round, 1 later" in out
     out = sh(*cmd, "--label", "random")  # no such runs: said, not a traceback
     assert "E: no seed has both a standard ('none') and a 'random' run" in out
-    cmd = ("analysis_variants.py", *cmd[1:])
+    cmd = ("analysis_variants.py", *cmd[1:], "--levels", "records")
+    out = sh(*cmd)
+    assert "| E | IIF | 1 | 14.6 (1 seed) |" in out
+    assert "E: of standard's 4 record levels, IIF reached 2 first, 1 at the same round, 1 later" in out
     out = sh(*cmd, "--rounds", "2")  # v = 1, 2 only; every run holds 2 rounds
     assert "| E | IIF | 2 | 25.0 [25.0, 25.0] |" in out and "| 2 (0), 2 (0) |" in out
     out = sh(*cmd, "--tested-every", "2")  # rounds 1 and 3 tested: v = 2, 4, reached by IIF in 2, never
-    assert "| -12.5 [-12.5, -12.5] |" in out and "| 2 (1) |" in out
+    assert "| -12.5 (1 seed) |" in out and "| 2 (1) |" in out
 
 
 def test_frozenlake_diagnostics_subcommands(frozenlake_runs, tmp_path):
@@ -278,7 +313,7 @@ def test_ablation_table_from_hand_made_runs(tmp_path):
     # even levels .18, .26, ..., .9 (10 above the lowest, 0.1): standard after 2 rounds up to .3, then 4;
     # IIF after 1, then 2
     se_even = np.mean([1 - 1 / 2] * 3 + [1 - 2 / 4] * 7)
-    cell = [f"{100 * x:.1f} [{100 * x:.1f}, {100 * x:.1f}]" for x in (se_ave, se_even, se_peak, rt_peak)]
+    cell = [f"{100 * x:.1f} (1 seed)" for x in (se_ave, se_even, se_peak, rt_peak)]
     assert (f"| E-v0 | a | 1 | {' | '.join(cell)} | 0.300 ± 0.000 | 0.900 ± 0.000 | 0.900 ± 0.000 | - |") in out
     assert "| E-v0 | b |" not in out  # no IIF run: no row
 
@@ -458,13 +493,18 @@ def test_sensitivity_picks_each_methods_best_rate_and_compares_them(tmp_path):
     out = sh("analysis_variants.py", "sensitivity", "--runs", str(tmp_path), "--env", "E", "--out", str(tmp_path / "s.png"))
     assert (tmp_path / "s.png").stat().st_size > 10_000
     lines = out.splitlines()
-    assert any(re.match(r"\| E \| standard \| 3 \| 2 \| 2\.4 \[2\.2, 2\.5\] \| .* \| best \|$", line) for line in lines)
-    assert any(re.match(r"\| E \| IIF \| 3 \| 2 \| 3\.0 \[2\.8, 3\.2\] \| .* \| best \|$", line) for line in lines)
+    h = scipy.stats.t.ppf(0.975, 1) * 0.25 / 2  # two seeds 0.25 apart: sd 0.25 / sqrt(2), over sqrt(2)
+    assert any(re.match(rf"\| E \| standard \| 3 \| 2 \| 2\.4 \[{2.375 - h:.1f}, {2.375 + h:.1f}\] \| .* \| best \|$", line)
+               for line in lines)
+    assert any(re.match(r"\| E \| IIF \| 3 \| 2 \| 3\.0 \[-?\d\.\d, \d\.\d\] \| .* \| best \|$", line) for line in lines)
     assert "| E | IIF | 10 | 0 | - | - | diverged (2 of 2 seeds) |" in lines
-    assert any(line.startswith("| E | best against best | 3 | 3 | 2 |") and line.endswith("| 0.6 [0.5, 0.8] |")
+    diff = f"0.6 [{0.625 - h:.1f}, {0.625 + h:.1f}]"  # area, IIF at 3 x minus standard at 3 x: 0.5 and 0.75
+    assert any(line.startswith("| E | best against best | 3 | 3 | 2 |") and line.endswith(f"| {diff} |")
                for line in lines)
     assert any(line.startswith("| E | both at the preset's | 1 | 1 | 2 |") for line in lines)
-    assert "E: IIF higher (area, IIF at 3 x minus standard at 3 x: 0.6 [0.5, 0.8], 2 seeds)" in out
+    p = scipy.stats.ttest_1samp([0.5, 0.75], 0).pvalue  # one environment: Holm's p is the test's
+    assert (f"E: not detected over 2 seeds (area, IIF at 3 x minus standard at 3 x: {diff}, p {p:.2g}, "
+            f"Holm p {p:.2g})") in out
 
 
 def test_analysis_py_runs_copied_beside_iif_py_alone(tmp_path):
@@ -478,43 +518,46 @@ def test_analysis_py_runs_copied_beside_iif_py_alone(tmp_path):
 
 
 @pytest.mark.parametrize("n", [3, 5])
-def test_interval_functions_against_scipy(n):
-    """mean_t is scipy's t-interval; mean_ci the percentile bootstrap, which at 3 seeds is the seeds' range"""
-    x = np.random.default_rng(n).normal(10, 3, n)
-    mean, lo, hi = analysis_variants.mean_t(x)
-    ref = scipy.stats.t.interval(0.95, n - 1, loc=x.mean(), scale=scipy.stats.sem(x))
-    assert mean == pytest.approx(x.mean()) and (lo, hi) == pytest.approx(ref, rel=1e-12)
-    _, blo, bhi = analysis.mean_ci(x)
-    assert lo < blo and bhi < hi  # the bootstrap's is narrower
-    if n == 3:
-        assert (blo, bhi) == pytest.approx((x.min(), x.max()), abs=1e-9) or (x.min() <= blo and bhi <= x.max())
-
-
-@pytest.mark.parametrize("n", [3, 5])
 def test_welch_against_the_papers_mean_and_std(n):
     """Welch's t statistic and Satterthwaite's degrees of freedom by hand, against a paper's mean ± std over 3 seeds"""
+    import verdicts
     x = np.random.default_rng(n).normal(10, 3, n)
     va, vb = x.var(ddof=1) / n, 2.0 ** 2 / 3
     t = (x.mean() - 14.0) / np.sqrt(va + vb)
     dof = (va + vb) ** 2 / (va ** 2 / (n - 1) + vb ** 2 / 2)
-    assert analysis_variants.welch(x, 14.0, 2.0) == pytest.approx(2 * scipy.stats.t.sf(abs(t), dof), rel=1e-9)
+    assert verdicts.welch(x, 14.0, 2.0) == pytest.approx(2 * scipy.stats.t.sf(abs(t), dof), rel=1e-9)
 
 
-def test_paper_table_says_a_verdict_only_where_the_interval_or_test_allows(tmp_path, monkeypatch):
-    """SE_ave over standard's record levels 1-4 (rounds 1-4): IIF reaches them in rounds 1, 1, 2, 3 (seeds 1, 2) and
-    1, 2, 2, 3 (seed 3), SE (0 + 1/2 + 1/3 + 1/4) / 4 and (0 + 0 + 1/3 + 1/4) / 4: ahead of standard PPO; against a
-    paper at 25 ± 1 % not detected, at 50 ± 1 % below"""
-    for seed, iif_returns in ((1, [2, 3, 4, 4]), (2, [2, 3, 4, 4]), (3, [1, 3, 4, 4])):
-        write_run(tmp_path, "none", seed, [1, 2, 3, 4])
-        write_run(tmp_path, "influence", seed, iif_returns)
-    for paper, word in (((25.0, 1.0), "not detected"), ((50.0, 1.0), "below")):
+def test_paper_table_says_a_verdict_only_where_the_holm_adjusted_test_allows(tmp_path, monkeypatch):
+    """SE_ave over standard's record levels 1-4 (rounds 1-4): on E, IIF reaches them in rounds 1, 1, 2, 3 (seeds 1, 2)
+    and 1, 2, 2, 3 (seed 3), SE (0 + 1/2 + 1/3 + 1/4) / 4 and (0 + 0 + 1/3 + 1/4) / 4: ahead of standard PPO (p 0.032);
+    against a paper at 25 ± 1 % not detected, at 50 ± 1 % below. F leads as weakly (p 0.027): each is ahead alone,
+    and neither once Holm counts the two"""
+    import verdicts
+    for env, runs in (("E", ([2, 3, 4, 4], [2, 3, 4, 4], [1, 3, 4, 4])), ("F", ([1, 3, 4, 4], [1, 3, 4, 4], [1, 3, 3, 4]))):
+        for seed, iif_returns in enumerate(runs, 1):
+            write_run(tmp_path / env, "none", seed, [1, 2, 3, 4])
+            write_run(tmp_path / env, "influence", seed, iif_returns)
+            for label in ("none", "influence"):
+                shutil.move(tmp_path / env / f"E__{label}__{seed}", tmp_path / f"{env}__{label}__{seed}")
+    x = [100 * (1 / 2 + 1 / 3 + 1 / 4) / 4] * 2 + [100 * (1 / 3 + 1 / 4) / 4]
+    for paper, word in (((25.0, 1.0), "not detected to differ"), ((50.0, 1.0), "below")):
         monkeypatch.setitem(analysis_variants.PAPER_FIG6B, "E", (paper, paper, paper))
         out = sh("analysis_variants.py", "paper", "--runs", str(tmp_path), "--env", "E")
         row = next(line for line in out.splitlines() if line.startswith("| E | SE_ave, records |"))
         cells = [c.strip() for c in row.split("|")[1:-1]]
-        x = [100 * (1 / 2 + 1 / 3 + 1 / 4) / 4] * 2 + [100 * (1 / 3 + 1 / 4) / 4]
-        assert cells[2] == "3" and cells[4] == "ahead" and cells[7] == word, row
-        assert cells[6] == f"{analysis_variants.welch(x, *paper):.3f}"
+        p = verdicts.p_value(x)
+        assert cells[2] == "3" and cells[3] == verdicts.family({"E": x})["E"]["text"], row
+        assert cells[4] == cells[5] == verdicts.p_text(p) and cells[6] == "ahead", row
+        assert cells[8] == cells[9] == verdicts.p_text(verdicts.welch(x, *paper)) and cells[10] == word, row
+    weak = [100 * 7 / 48] * 2 + [100 / 12]
+    assert 0.025 < verdicts.p_value(weak) < verdicts.p_value(x) < 0.05  # Holm doubles the smaller: both above 0.05
+
+    def word(out, env):
+        return next(line for line in out.splitlines() if line.startswith(f"| {env} | SE_ave, records |")).split(" | ")[6]
+    assert word(sh("analysis_variants.py", "paper", "--runs", str(tmp_path), "--env", "F"), "F") == "ahead"
+    both = sh("analysis_variants.py", "paper", "--runs", str(tmp_path), "--env", "E", "F")
+    assert word(both, "E") == word(both, "F") == "not detected over 3 seeds"
 
 
 def test_efficiency_as_if_tested_on_fewer_episodes(tmp_path):

@@ -34,13 +34,13 @@ for pair in MiniGrid-Empty-8x8-v0:MiniGrid-Empty-8x8-v0 LunarLander-v2:LunarLand
   echo
   echo "## $our: the release's$([ $env = $our ] || echo " ($env)") standard PPO and IIF against ours"
   echo
-  python analysis.py curves --runs "$tmp" --env $our --labels none influence release-none release-influence --rounds $rounds \
+  python research/analysis_variants.py curves --runs "$tmp" --env $our --labels none influence release-none release-influence --rounds $rounds \
     --out results/figures/release_${env%%-*}.png | sed 's/^/    /'
   echo
   if ls -d results/release/${env}__none-all__* > /dev/null 2>&1; then
     echo "## $env: the release's standard PPO with every checkpoint tested, and its IIF"
     echo
-    python analysis.py curves --runs results/release --env $env --labels none-all influence \
+    python research/analysis_variants.py curves --runs results/release --env $env --labels none-all influence \
       --out results/figures/release_${env%%-*}_all.png | sed 's/^/    /'
     echo
   fi
