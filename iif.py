@@ -50,10 +50,9 @@ PRESETS = {  # App. B.2: each env's budget, optimizer, test episodes; App. C.6: 
 # any other env: SB3's PPO defaults, 50 rounds, no filter (filtering every round slowed DoorKey: docs/usage.md)
 DEFAULTS = dict(total_timesteps=102_400, optimizer="adam", learning_rate=3e-4, filter_p=0.5,
                 eval_episodes=100, filter_method="none")
-OUTSIDE = dict(  # the line an env without a preset prints (docs/usage.md, "Your own environment")
-    none="not a paper env: standard PPO (--filter-method influence filters)", random="not a paper env: random "
-    "filtering every round", influence="not a paper env: IIF filters every round, as Alg. 1 (docs/usage.md: what it "
-    "did on CartPole and DoorKey)")
+OUTSIDE = dict(  # what an env without a preset prints (docs/usage.md, "Your own environment")
+    none="not a paper env: standard PPO (--filter-method influence filters)", random="not a paper env: random filter",
+    influence="not a paper env: IIF filters every round, as Alg. 1 (what it did on CartPole, DoorKey: docs/usage.md)")
 
 
 def preset_of(env_id):
@@ -165,8 +164,8 @@ def make_vec(args, n, backend):
     if backend == "envpool":  # batched C++ ports, in the optional research/iif_envpool.py
         from iif_envpool import EnvpoolVec
         return EnvpoolVec(args.env_id, PRESETS[args.env_id]["envpool"], n, 1)
-    # SAME_STEP: a step that ends an episode returns the next one's first obs, the last in info["final_obs"]
-    return gym.vector.SyncVectorEnv([make_env(args.env_id) for _ in range(n)],
+    # SAME_STEP: an episode's last obs in info["final_obs"], the next one's first returned; copy=False: no copy
+    return gym.vector.SyncVectorEnv([make_env(args.env_id) for _ in range(n)], copy=False,
                                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
 
@@ -231,8 +230,7 @@ def as_tensor(x, device):  # observations, on the agent's device
 # ---- Stage I of Alg. 1: the rollout buffer B(k) and its advantages (Sec. 2.1) ----
 def collect_rollout(agent, envs, next_obs, ep, args):
     """B(k) at theta(k) with log pi(a|s), V(s) and GAE advantages; record t * num_envs + e is step t of env e.
-    Also the next obs and the episodes ended, a row each: return, length, the step t that ended it; ep: those
-    under way (their returns and lengths)."""
+    Also the next obs and the episodes ended (rows: return, length, the step t that ended it); ep: those under way."""
     T, N, act_space = args.num_steps, args.num_envs, envs.single_action_space
     device = next(agent.parameters()).device
     obs = np.zeros((T, N) + envs.single_observation_space.shape, dtype=np.float32)
@@ -269,13 +267,15 @@ def collect_rollout(agent, envs, next_obs, ep, args):
 
 
 def compute_gae(rewards, values, next_values, terminations, dones, gamma, lam):
-    """GAE over a (steps, envs) rollout; next_values[t]: V of the state after step t, ignored if it terminated."""
-    advantages, lastgaelam = torch.zeros_like(rewards), 0.0
-    for t in reversed(range(len(rewards))):
-        delta = rewards[t] + gamma * next_values[t] * (1.0 - terminations[t]) - values[t]
-        # dones[t]: step t *ended* an episode (CleanRL's: obs[t] *started* one), so step t's delta still counts
-        lastgaelam = delta + gamma * lam * (1.0 - dones[t]) * lastgaelam
+    """GAE over a (steps, envs) rollout; next_values[t]: V of the state after step t, ignored if it terminated"""
+    r, v, v_next, term, done = (x.cpu().numpy() for x in (rewards, values, next_values, terminations, dones))
+    advantages, lastgaelam = np.zeros_like(r), 0.0  # on numpy: 10x faster than torch here, the same float32 steps
+    for t in reversed(range(len(r))):
+        delta = r[t] + gamma * v_next[t] * (1.0 - term[t]) - v[t]
+        # done[t]: step t *ended* an episode (CleanRL's dones: obs[t] *started* one), so step t's delta still counts
+        lastgaelam = delta + gamma * lam * (1.0 - done[t]) * lastgaelam
         advantages[t] = lastgaelam
+    advantages = torch.from_numpy(advantages).to(values.device)
     return advantages, advantages + values
 
 

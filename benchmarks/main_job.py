@@ -1,8 +1,8 @@
 """The README's main job against Stable-Baselines3 PPO training on the same 102,400 Acrobot steps.
 
 ours: `python iif.py --env-id Acrobot-v1`, exactly as the README writes it: IIF, 50 rounds of 2048
-steps, 1000 test episodes of the stochastic policy after every round (batched on envpool where it is
-installed, as iif.py chooses by default). sb3: SB3's PPO with the same hyperparameters (the Acrobot
+steps on gymnasium's Acrobot-v1, 1000 test episodes of the stochastic policy after every round (batched on
+envpool's port where it is installed, as iif.py chooses by default). sb3: SB3's PPO with the same hyperparameters (the Acrobot
 preset: SGD 5e-3, n_steps 2048, minibatch 64, 10 epochs), training only, no evaluation. Each side is a
 whole fresh process timed by the wall clock, imports included; both use one torch thread. The sides
 alternate and the ratio is the median over the pairs.

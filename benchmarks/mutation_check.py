@@ -37,12 +37,12 @@ DESELECT = ["-k", "not gpu_check"]  # gpu_check.sh at a tiny shape: slow, and no
 # (script, stage, the line as it is, the line mistaken)
 MUTATIONS = [
     # ---- iif.py, Stage I: the buffer and GAE ----
-    ("iif.py", "I: GAE", "lastgaelam = delta + gamma * lam * (1.0 - dones[t]) * lastgaelam",
+    ("iif.py", "I: GAE", "lastgaelam = delta + gamma * lam * (1.0 - done[t]) * lastgaelam",
      "lastgaelam = delta + gamma * lam * lastgaelam"),
-    ("iif.py", "I: GAE", "delta = rewards[t] + gamma * next_values[t] * (1.0 - terminations[t]) - values[t]",
-     "delta = rewards[t] + gamma * next_values[t] - values[t]"),
-    ("iif.py", "I: GAE", "delta = rewards[t] + gamma * next_values[t] * (1.0 - terminations[t]) - values[t]",
-     "delta = rewards[t] + gamma * next_values[t] * (1.0 - dones[t]) - values[t]"),
+    ("iif.py", "I: GAE", "delta = r[t] + gamma * v_next[t] * (1.0 - term[t]) - v[t]",
+     "delta = r[t] + gamma * v_next[t] - v[t]"),
+    ("iif.py", "I: GAE", "delta = r[t] + gamma * v_next[t] * (1.0 - term[t]) - v[t]",
+     "delta = r[t] + gamma * v_next[t] * (1.0 - done[t]) - v[t]"),
     ("iif.py", "I: GAE", "    return advantages, advantages + values", "    return advantages, advantages"),
     ("iif.py", "I: GAE", "r[\"dones\"], args.gamma, args.gae_lambda)", "r[\"dones\"], args.gamma, 0.95)"),
     ("iif.py", "I: GAE", "r[\"dones\"], args.gamma, args.gae_lambda)", "r[\"dones\"], 0.99, args.gae_lambda)"),
