@@ -225,8 +225,9 @@ class Curves:
 
 def cmd_curves(args, names=LABELS):
     n_env, what = len(args.env), "test return" if args.column == "test_return_mean" else args.column
-    fig, axes = plt.subplots(1, n_env, figsize=(4.5 * n_env, 3.4), squeeze=False)
-    for ax, env_id in zip(axes[0], args.env):
+    cols, rows = min(n_env, 3), -(-n_env // 3)  # rows of 3 panels
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.4 * rows), squeeze=False)
+    for ax, env_id in zip(axes.flat, args.env):
         runs = load_runs(args.runs, env_id)
         print(f"{env_id}: final {what}, mean ± std over seeds")
         labels = sorted(runs, key=lambda lb: label_order(lb, names))

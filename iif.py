@@ -33,7 +33,7 @@ from torch.func import functional_call, jvp
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "research"))  # iif_envpool.py, optional
 SGD = dict(optimizer="sgd", learning_rate=5e-3)  # TracIn's setting, on all but BipedalWalker
-PORT = dict(envpool={}, auto=("gymnasium", "envpool"))  # its C++ port's kwargs; the backends of Stage I and the test
+PORT = dict(envpool={}, auto=("gymnasium", "envpool"))  # port's kwargs; auto: Stage I's, test's fastest backend
 PRESETS = {  # App. B.2: each env's budget, optimizer, test episodes; App. C.6: the filter p
     "FrozenLake-v1": dict(**SGD, total_timesteps=102_400, filter_p=0.5, eval_episodes=1000,
                           env_kwargs=dict(map_name="4x4", is_slippery=False)),

@@ -20,8 +20,7 @@ the step explain IIF's gain? Every arm runs at the paper's test protocol (its pr
 ported), so standard PPO and IIF are run again beside the held arms.
 
     python results/held_step.py runs          # seed by seed: standard, IIF, held, held random; then lifted, random
-    python results/held_step.py table > results/held-step/table.md
-    python results/held_step.py summary > results/held-step/summary.md   # the SE_ave rows, for docs/results.md
+    python results/held_step.py table > results/held-step/table.md       # every comparison; verdicts: claims.py
     python results/held_step.py proxy > results/held-step/proxy.md   # --hold-step grad-norm against exact
 
 Every stage skips finished runs and resumes unfinished ones (iif_variants.py --resume); --envs, --seeds and --arms
@@ -75,7 +74,8 @@ FIRST = ["standard", "influence", "held", "held-random"]  # they answer the main
 ROWS = [("held IIF - held random", "held-random", "held"), ("held IIF - standard", "standard", "held"),
         ("held random - standard", "standard", "held-random"), ("IIF - standard", "standard", "influence"),
         ("IIF - lifted standard", "lifted", "influence"), ("lifted standard - standard", "standard", "lifted"),
-        ("random - standard", "standard", "random"), ("reseeded standard - standard", "standard", "reseeded")]
+        ("random - standard", "standard", "random"), ("reseeded standard - standard", "standard", "reseeded"),
+        ("held IIF - held random, the critic on every record", "held-random-critic", "held-critic")]
 
 
 def stage_runs(envs, seeds, arms):
@@ -135,67 +135,23 @@ def compare(base, other, n):
     return out
 
 
-def t_interval(x):
-    import analysis_variants
-    return analysis_variants.mean_t(x)
-
-
-def cell(x, scale=1.0):
-    """mean [95 % t-interval] (95 % bootstrap interval) over seeds"""
-    import analysis
-    x = scale * np.asarray(x, dtype=float)
-    mean, lo, hi = t_interval(x)
-    _, blo, bhi = analysis.mean_ci(x)
-    fmt = ".1f" if scale != 1 or abs(mean) >= 10 else ".3g"
-    return f"{mean:{fmt}} [{lo:{fmt}}, {hi:{fmt}}] ({blo:{fmt}}, {bhi:{fmt}})"
-
-
-def verdict(x):
-    """ahead or behind only where the t-interval excludes 0"""
-    mean, lo, hi = t_interval(x)
-    if len(x) > 1 and (lo > 0 or hi < 0):
-        return "ahead" if lo > 0 else "behind"
-    return f"not detected over {len(x)} seed{'' if len(x) == 1 else 's'}"
-
-
-SUMMARY = [("IIF - standard", "standard", "influence"), ("held IIF - held random", "held-random", "held"),
-           ("held IIF - standard", "standard", "held"), ("IIF - lifted standard", "lifted", "influence"),
-           ("reseeded standard - standard", "standard", "reseeded")]
-
-
-def stage_summary(envs):
-    """The table's SE_ave differences in short: mean [95 % t-interval] and the verdict, seeds in brackets"""
-    import analysis
-    print("SE_ave differences (%, over the baseline arm's record levels): mean [95 % t-interval], (seeds); "
-          "ahead / behind where the t-interval excludes 0. From results/held_step.py summary.\n")
-    print("| env | " + " | ".join(name for name, _, _ in SUMMARY) + " |")
-    print("|---|" + "---|" * len(SUMMARY))
-    for env_id in envs:
-        path = os.path.join(OUT, "runs")
-        if not any(d.startswith(env_id + "__") for d in os.listdir(path)):
-            continue
-        found, n = analysis.load_runs(path, env_id), ENVS[env_id][1]
-        cells = []
-        for _, base, other in SUMMARY:
-            c = compare(found.get(base, {}), found.get(other, {}), n)
-            if len(c["seeds"]) < 2:
-                cells.append(f"({len(c['seeds'])} seed{'' if len(c['seeds']) == 1 else 's'})")
-                continue
-            mean, lo, hi = t_interval(100 * np.asarray(c["se_ave"]))
-            v = verdict(c["se_ave"])
-            cells.append(f"{mean:.1f} [{lo:.1f}, {hi:.1f}] ({len(c['seeds'])}) "
-                         + (v if v in ("ahead", "behind") else "not detected"))
-        print(f"| {env_id} | " + " | ".join(cells) + " |")
+def cell(x):
+    """mean [95 % t-interval] over seeds (p of the paired t-test)"""
+    import verdicts
+    mean, lo, hi = verdicts.t_interval(x)
+    fmt = ".1f" if abs(mean) >= 10 else ".3g"
+    return f"{mean:{fmt}} [{lo:{fmt}}, {hi:{fmt}}] (p {verdicts.p_text(verdicts.p_value(x))})"
 
 
 def stage_table(envs):
     import analysis
-    print("The step and the choice of records apart: differences of the area (mean test return over the compared "
-          "rounds), of the final test return and of SE_ave (%, over the baseline arm's record levels), each the mean "
-          "over seeds [95 % t-interval] (95 % percentile bootstrap); verdict on SE_ave: ahead or behind only where "
-          "its t-interval excludes 0. Arms: results/held_step.py's docstring. Seeds where both arms ran every "
-          "compared round.\n")
-    print("| env | rounds | comparison | seeds | area | final | SE_ave % | SE_ave verdict |")
+    print("The step and the choice of records apart, every comparison of the arms (results/held_step.py's docstring)"
+          ": per env, of the seeds where both arms ran every compared round, the differences of the area (mean test "
+          "return over the compared rounds), of the final test return, of SE_ave over the baseline arm's record "
+          "levels (the paper's reading, %) and of the antisymmetric SE_ave (%); each the mean over seeds [95 % "
+          "t-interval] (the paired t-test's p). The verdicts, with Holm over each claim's environments, are "
+          "results/claims.py's.\n")
+    print("| env | rounds | comparison | seeds | area | final | SE_ave, paper's reading % | SE_ave, antisymmetric % |")
     print("|---|---|---|---|---|---|---|---|")
     landing = []
     for env_id in envs:
@@ -207,8 +163,8 @@ def stage_table(envs):
             c = compare(found.get(base, {}), found.get(other, {}), n)
             if c["seeds"]:
                 print(f"| {env_id} | {n} | {name} | {len(c['seeds'])} | {cell(c['area'])} | {cell(c['final'])} | "
-                      f"{cell(c['se_ave'], 100)} | {verdict(c['se_ave'])} |")
-        for arm in ("held", "held-random", "lifted"):
+                      f"{cell(c['se_ave'])} | {cell(c['anti'])} |")
+        for arm in ("held", "held-random", "lifted", *CRITIC):
             held = found.get(arm, {})
             tried = [r for s in held for r in held[s][:n] if r["n_tries"] > 0 and r["kl_ref"] > 0]  # held rounds
             if not tried:
@@ -231,7 +187,7 @@ def stage_table(envs):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("stage", choices=["runs", "proxy", "table", "summary"])
+    parser.add_argument("stage", choices=["runs", "proxy", "table"])
     parser.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
@@ -239,4 +195,4 @@ if __name__ == "__main__":
     dict(runs=lambda: stage_runs(a.envs, a.seeds, a.arms),
          proxy=lambda: stage_proxy(a.envs if a.envs != list(ENVS) else ["FrozenLake-v1", "Acrobot-v1",
                                                                          "MiniGrid-Empty-8x8-v0"]),
-         table=lambda: stage_table(a.envs), summary=lambda: stage_summary(a.envs))[a.stage]()
+         table=lambda: stage_table(a.envs))[a.stage]()

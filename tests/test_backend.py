@@ -297,3 +297,21 @@ def test_each_backend_gives_what_it_gave(tmp_path, name):
     iif.main(a)
     rows = [read_metrics(os.path.join(d, "metrics.csv")) for d in (os.path.join(REFERENCE, name), tmp_path / "r")]
     assert without_times(rows[0]) == without_times(rows[1])
+
+
+@needs_envpool
+def test_auto_trains_round_0_as_gymnasium_and_tests_on_envpool(tmp_path):
+    """auto: Stage I and the update on gymnasium's Acrobot (round 0's buffer, records kept and KL are gymnasium's),
+    the test on envpool's port"""
+    rows = {}
+    for backend in ("auto", "gymnasium"):
+        a = iif.resolve_args(tyro.cli(iif.Args, args=["--env-id", "Acrobot-v1", "--env-backend", backend,
+                                                      "--num-steps", "256", "--total-timesteps", "512",
+                                                      "--eval-episodes", "4", "--runs-dir", str(tmp_path),
+                                                      "--run-name", backend]))
+        assert a.backends == (("gymnasium", "envpool") if backend == "auto" else ("gymnasium",) * 2)
+        iif.main(a)
+        rows[backend] = read_metrics(os.path.join(tmp_path, backend, "metrics.csv"))
+    same = [k for k in rows["auto"][0] if not k.startswith("t_") and not k.startswith("test_")]
+    assert {k: rows["auto"][0][k] for k in same} == {k: rows["gymnasium"][0][k] for k in same}
+    assert rows["auto"][0]["n_dropped"] != "0"  # a filtered round: the kept records are compared
