@@ -37,9 +37,14 @@ FIG6B = {e: (HELD, "standard", "influence", ENVS[e][1]) for e in ENVS}
 FIG6B["BipedalWalker-v3"] = (os.path.join(ROOT, "results", "runs"), "none", "influence", 500)
 PAPER_SE_AVE = {"FrozenLake-v1": (33.7, 3.4), "Acrobot-v1": (36.7, 6.5), "MiniGrid-Empty-8x8-v0": (67.5, 5.1),
                 "highway-v0": (37.7, 6.1), "LunarLander-v3": (28.2, 1.3), "BipedalWalker-v3": (31.0, 8.7)}  # Fig. 6(b)
+SHORT = {"FrozenLake-v1": "FrozenLake", "Acrobot-v1": "Acrobot", "MiniGrid-Empty-8x8-v0": "MiniGrid",
+         "highway-v0": "highway", "LunarLander-v3": "LunarLander", "BipedalWalker-v3": "BipedalWalker",
+         "CartPole-v1": "CartPole", "MiniGrid-DoorKey-5x5-v0": "DoorKey"}
+TUNED = os.path.join(ROOT, "results", "tuned", "runs")
 READINGS = (("anti", "SE_ave, antisymmetric %"), ("se_ave", "SE_ave, paper's reading %"), ("area", "area"),
             ("final", "final return"))
 _loaded = {}
+FAMILIES = {}  # title: (envs, each reading's statistics), as printed
 
 
 def runs(runs_dir, env_id):
@@ -71,7 +76,9 @@ def parting(stats, e):
 
 
 def print_family(title, pairs, envs, note=""):
+    """The family's table; returns (per_env, stats) and keeps the stats for the README's lines"""
     per_env, stats = contrast(pairs, envs)
+    FAMILIES[title] = (envs, stats)
     print(f"\n### {title}\n")
     if note:
         print(note + "\n")
@@ -134,14 +141,17 @@ def against_paper():
         floor = compare(runs(HELD, e).get("standard", {}), runs(HELD, e).get("reseeded", {}), ENVS[e][1])
         rows.append((e, c["se_ave"], verdicts.welch(c["se_ave"], *PAPER_SE_AVE[e]), floor))
     adjusted = verdicts.holm([p for *_, p, _ in rows])
+    words = {}
     for (e, x, p, floor), pa in zip(rows, adjusted):
         mean, lo, hi = verdicts.t_interval(x)
         word = verdicts.verdict(mean - PAPER_SE_AVE[e][0], pa, len(x), "above", "below")
         word = "not detected to differ" if word.startswith("not") else word
+        words.setdefault(word, []).append(SHORT[e])
         fm, flo, fhi = verdicts.t_interval(floor["se_ave"])
         ftext = f"{fm:.1f} [{flo:.1f}, {fhi:.1f}] ({len(floor['seeds'])})" if len(floor["seeds"]) > 1 else "-"
         print(f"| {e} | {len(x)} | {mean:.1f} [{lo:.1f}, {hi:.1f}] | {PAPER_SE_AVE[e][0]} +- {PAPER_SE_AVE[e][1]} | "
               f"{verdicts.p_text(p)} | {verdicts.p_text(pa)} | {word} | {ftext} |")
+    FAMILIES["paper"] = "; ".join(f"{w} on {', '.join(n)}" for w, n in words.items())
 
 
 def one_round_summary():
@@ -155,6 +165,7 @@ def one_round_summary():
     print("|---|---|---|---|---|---|---|---|---|")
     data = {e: one_round.per_seed(e)["all"] for e in ENVS}
     fams = {k: verdicts.family({e: d[k] for e, d in data.items() if len(d[k])}, ".3g") for k in ("gain", "test")}
+    FAMILIES["one round"] = (list(ENVS), fams)
     for e in ENVS:
         if e not in fams["gain"]:
             print(f"| {e} | 0 | 0 | - | - | no state read yet | - | - | - |")
@@ -178,6 +189,7 @@ def rlhf():
     print("| task | baseline | metric | null check | IIF - baseline | p | p, Holm | verdict |")
     print("|---|---|---|---|---|---|---|---|")
     frontier = os.path.join(ROOT, "results", "frontier", "runs")
+    calls = []
     for task, base in RLHF:
         found = analysis.load_runs(frontier, task)
         with open(sorted(glob.glob(os.path.join(frontier, f"{task}__*", "final.json")))[0]) as f:
@@ -187,10 +199,88 @@ def rlhf():
         for k in metrics:
             null, extra = av.frontier_family(runs_, base, k, k in av.LOWER_IS_BETTER)
             c = extra.get("influence", {})
+            calls.append(c.get("verdict", "no KL in common").split(" over ")[0])
             cell = (f"{c['text']} | {verdicts.p_text(c['p'])} | {verdicts.p_text(c['p_holm'])} | {c['verdict']}"
                     if c.get("n") else "- | - | - | no KL in common")
             print(f"| {task} | {av.frontier_name(base, 'GRPO' if task.startswith('grpo') else 'PPO')} | "
                   f"{av.FRONTIER_METRICS[k]} | {null['text']} (p {verdicts.p_text(null['p'])}) | {cell} |")
+    FAMILIES["rlhf"] = ", ".join(f"{w} in {calls.count(w)} of {len(calls)} cells" for w in dict.fromkeys(calls))
+
+
+def tuned():
+    """Each method at its own best learning rate, chosen on the other seeds (research/analysis_variants.py
+    sensitivity's leave-one-seed-out): IIF - standard PPO in area, Holm over the six"""
+    import analysis_variants as av
+    cells = {}
+    for e in PAPER_ENVS:
+        found, _, left = av.tuned_runs(TUNED, e)
+        n_seeds = max(len(seeds) for rates in found.values() for seeds in rates.values())
+        candidates = {mt: [m for m, seeds in found[mt].items() if len(seeds) == n_seeds and not any(
+            why == "diverged" for _, why in left.get((mt, m), []))] for mt in ("none", "influence")}
+        diff, _ = av.leave_one_seed_out(found, candidates)
+        if diff:
+            cells[e] = diff
+    stats = verdicts.family(cells, ".3g")
+    FAMILIES["tuned"] = (PAPER_ENVS, {"anti": stats})
+    print("\n### Each method at its own best learning rate: IIF - standard PPO in area\n")
+    print("results/tuned/runs (results/tuned.py): each seed scores the rate each method reached the highest mean "
+          "area with on the other seeds; IIF - standard in area (the mean test return over the compared rounds); "
+          "Holm over the six.\n")
+    print("| env | seeds | area, IIF - standard | p | p, Holm | verdict |\n|---|---|---|---|---|---|")
+    for e in PAPER_ENVS:
+        if e in stats:
+            c = stats[e]
+            print(f"| {e} | {c['n']} | {c['text']} | {verdicts.p_text(c['p'])} | {verdicts.p_text(c['p_holm'])} | "
+                  f"{c['verdict']} |")
+
+
+def grouped(title, reading="anti"):
+    """'ahead on A and B; behind on C; not detected on D (5 seeds)' of a family's verdicts"""
+    envs, stats = FAMILIES[title]
+    by = {}
+    for e in envs:
+        c = stats[reading].get(e)
+        word = "no verdict" if c is None else c["verdict"].split(" over ")[0]
+        seeds = f"{c['n']} seeds" if c else "fewer than 2 seeds"
+        by.setdefault(word, []).append((SHORT[e], seeds))
+    parts = []
+    for word in ("ahead", "behind", "not detected", "no verdict"):
+        if word in by:
+            names = [n for n, _ in by[word]]
+            seeds = sorted({s for _, s in by[word]})
+            joined = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+            parts.append(f"{word} on {joined}" + (f" ({' or '.join(seeds)})" if word != "ahead" and word != "behind"
+                                                  else ""))
+    return "; ".join(parts)
+
+
+def parted(title):
+    envs, stats = FAMILIES[title]
+    names = [SHORT[e] for e in envs if e in stats["anti"] and parting(stats, e)]
+    return "" if not names else f"; the readings part on {', '.join(names)}"
+
+
+def readme_lines():
+    print("\n### The README's lines\n")
+    print("`README.md`'s \"What holds\" states each claim's verdicts with these words (tests/test_claims.py checks "
+          "that it does).\n")
+    f6, f6o = "Fig. 6(b): IIF - standard PPO, the paper's six", "Fig. 6(b) outside the paper: IIF - standard PPO"
+    print(f"- Fig. 6(b), IIF against standard PPO: {grouped(f6)}{parted(f6)}. Outside the paper: {grouped(f6o)}.")
+    print(f"- Against the paper's SE_ave: {FAMILIES['paper']}.")
+    lift, lifto = ("A larger step: IIF - standard PPO lifted to IIF's KL each round, the paper's six",
+                   "A larger step, outside the paper")
+    print(f"- IIF against standard PPO lifted to IIF's KL: {grouped(lift)}{parted(lift)}. Outside the paper: "
+          f"{grouped(lifto)}.")
+    eq, eqo = ("At an equal step: held IIF - held random (the critic on the kept records), the paper's six",
+               "At an equal step, outside the paper")
+    print(f"- Held IIF against held random dropping: {grouped(eq)}{parted(eq)}. Outside the paper: {grouped(eqo)}.")
+    cr, cro = ("At an equal step, the critic on every record: held IIF - held random, the paper's six",
+               "At an equal step, the critic on every record, outside the paper")
+    print(f"- The same, the critic on every record: {grouped(cr)}{parted(cr)}. Outside the paper: {grouped(cro)}.")
+    print(f"- One round from the held runs' states, surrogate gain: {grouped('one round', 'gain')}; test return: "
+          f"{grouped('one round', 'test')}.")
+    print(f"- Each at its own best learning rate, area: {grouped('tuned')}.")
+    print(f"- RLHF at equal KL, IIF against PPO and GRPO: {FAMILIES['rlhf']}.")
 
 
 def main():
@@ -216,7 +306,9 @@ def main():
     print_family("At an equal step, the critic on every record, outside the paper",
                  held("held-random-critic", "held-critic"), OUTSIDE)
     one_round_summary()
+    tuned()
     rlhf()
+    readme_lines()
 
 
 if __name__ == "__main__":
