@@ -753,8 +753,10 @@ def cmd_ippo(args):
     """Per task and method, over seeds, mean [95 % t-interval]: the final reward, test
     metric and KL (means of the last --last rounds), the unfaithful share among right answers, the kept
     fraction and the first round it falls below a half, and the seconds per round and to PPO's
-    final reward; then I-PPO's differences from SFT and PPO, seed by seed."""
+    final reward; then I-PPO's (and I-PPO without reweighting's) differences from each method and IIF's from PPO,
+    seed by seed, with the paired t-test, Holm over each table's column and the verdict word (ippo_differences)."""
     w = args.last
+    print("$ python research/analysis_variants.py " + " ".join(sys.argv[1:]))
     tasks = [(env, load_runs(args.runs, env)) for env in args.env]
     fig, axes = plt.subplots(len(tasks), 3, figsize=(14, 3.3 * len(tasks)), squeeze=False)
     kfig, kaxes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 3.3), squeeze=False)
@@ -841,21 +843,46 @@ def cmd_ippo(args):
         kax.set(title=f"{env}: kept fraction (mean, range over seeds)", xlabel="round", ylim=(0, 1.05))
         kax.legend(fontsize=7)
         ax[0].legend(fontsize=7)
-        for ippo in [lb for lb in ("i-ppo", "i-ppo-noreweight") if lb in stats]:
-            print(f"\n{IPPO_LABELS[ippo]} minus each method, seed by seed, mean [95 % t-interval]:\n")
-            print(f"| against | final reward | {name} |" + (" unfaithful among right, test |" if cot else ""))
-            print("|---|---|---|" + ("---|" if cot else ""))
-            for lb in [b for b in labels if b != ippo]:
-                seeds = sorted(set(stats[ippo][0]) & set(stats[lb][0]))
-                d = [[stats[ippo][j][s] - stats[lb][j][s] for s in seeds] for j in range(len(stats[lb]))]
-                print(f"| {IPPO_LABELS[lb]} ({len(seeds)} seeds) | "
-                      + " | ".join(fmt_ci(x, 1, "+.3f") for x in d) + " |")
+        columns = [("final reward", False), (name, not cot)] + ([("unfaithful among right, test", True)] if cot else [])
+        arms = [lb for lb in ("i-ppo", "i-ppo-noreweight") if lb in stats]
+        for i, ippo in enumerate(arms):  # each pair once: no reweighting minus I-PPO is I-PPO's row, turned
+            ippo_differences(env, stats, ippo, [b for b in labels if b != ippo and b not in arms[:i]], columns,
+                             "".join(f"; against {IPPO_LABELS[b]}: that table's row, turned" for b in arms[:i]))
+        if "influence" in stats and "none" in stats:
+            ippo_differences(env, stats, "influence", ["none"], columns)
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)
     kfig.tight_layout()
     kout = args.out.replace(".png", "_kept.png")
     kfig.savefig(kout, dpi=110)
     print(f"\nwrote {args.out} and {kout}")
+
+
+def ippo_differences(env, stats, arm, against, columns, note=""):
+    """cmd_ippo's paired table: arm minus each method of against, seed by seed (the seeds both ran), per column the
+    mean [95 % t-interval], the two-sided paired t-test's p, its Holm adjustment over the column (the comparisons of
+    one metric on one task in this table) and the verdict word (research/verdicts.py). columns: (name, lower is
+    better) of each of stats' per-seed dicts, in their order; note: added to the header"""
+    rows = {}
+    for lb in against:
+        seeds = sorted(set(stats[arm][0]) & set(stats[lb][0]))
+        rows[lb] = [[stats[arm][j][s] - stats[lb][j][s] for s in seeds] for j in range(len(columns))]
+    fams = [verdicts.family({lb: d[j] for lb, d in rows.items()}, "+.3f", lower)
+            for j, (_, lower) in enumerate(columns)]
+    n = len(against)
+    print(f"\n{env}: {IPPO_LABELS[arm]} minus {'each method' if n > 1 else IPPO_LABELS[against[0]]}, seed by seed: "
+          f"mean [95 % t-interval], the paired two-sided t-test's p, "
+          + (f"Holm over each column (the {n} comparisons of one metric on this task in this table)"
+             if n > 1 else "Holm over each column (one comparison, so Holm's p is the p)") + note
+          + "; 'ahead' or 'behind' only where the Holm p is below 0.05 (lower is better in "
+          + " and ".join(f"'{c}'" for c, lower in columns if lower) + ")\n")
+    print("| against | " + " | ".join(f"{c} | p | Holm p | verdict" for c, _ in columns) + " |")
+    print("|---|" + "---|---|---|---|" * len(columns))
+    for lb, d in rows.items():
+        cells = [f[lb] for f in fams]
+        print(f"| {IPPO_LABELS[lb]} ({len(d[0])} seeds) | " + " | ".join(
+            f"{c['text']} | {verdicts.p_text(c['p'])} | {verdicts.p_text(c['p_holm'])} | {c['verdict']}"
+            for c in cells) + " |")
 
 
 def t_text(x, fmt):

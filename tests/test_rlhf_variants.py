@@ -216,3 +216,7 @@ def test_analysis_ippo_draws_and_tabulates(tmp_path, cot_toy):
     lines = proc.stdout.splitlines()
     assert any(line.startswith("| I-PPO | 1 |") for line in lines) and any(line.startswith("| PPO | 1 |") for line in lines)
     assert any(line.startswith("| PPO (1 seeds) |") for line in lines)  # I-PPO minus PPO, seed by seed
+    # each column with its p, Holm p and verdict (one seed: no test, so no verdict)
+    assert any(line.startswith("| against | final reward | p | Holm p | verdict | test accuracy |") for line in lines)
+    assert any(line.startswith("| PPO (1 seeds) |") and line.endswith("| - | - | not detected over 1 seed |")
+               for line in lines)
