@@ -10,12 +10,20 @@ mean test return over the compared rounds) and final return stand beside it; "th
 interval lies on one side of 0 and another's mean on the other. Against the paper, the paper's reading meets the
 paper's numbers (Welch's test, Holm over the six).
 
-    python results/claims.py > results/claims.md     # docs/results.md's verdict tables are this printout's
+    python results/claims.py > results/claims.md     # the printout
+    python results/claims.py --docs                  # its tables into docs/results.md, its lines into README.md
+
+docs/results.md marks each table it takes with `<!-- claims.md: <the table's heading> -->`, README.md its lines
+with `<!-- claims.md: README -->`; tests/test_claims.py checks both against the printout, and the printout against
+the committed runs.
 """
+import argparse
 import glob
 import json
 import os
+import re
 import sys
+import textwrap
 
 import numpy as np
 import scipy.stats
@@ -151,7 +159,7 @@ def against_paper():
         ftext = f"{fm:.1f} [{flo:.1f}, {fhi:.1f}] ({len(floor['seeds'])})" if len(floor["seeds"]) > 1 else "-"
         print(f"| {e} | {len(x)} | {mean:.1f} [{lo:.1f}, {hi:.1f}] | {PAPER_SE_AVE[e][0]} +- {PAPER_SE_AVE[e][1]} | "
               f"{verdicts.p_text(p)} | {verdicts.p_text(pa)} | {word} | {ftext} |")
-    FAMILIES["paper"] = "; ".join(f"{w} on {', '.join(n)}" for w, n in words.items())
+    FAMILIES["paper"] = "; ".join(f"{w} on {listed(n)}" for w, n in words.items())
 
 
 def one_round_summary():
@@ -234,53 +242,58 @@ def tuned():
                   f"{c['verdict']} |")
 
 
+def listed(names):
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
 def grouped(title, reading="anti"):
     """'ahead on A and B; behind on C; not detected on D (5 seeds)' of a family's verdicts"""
     envs, stats = FAMILIES[title]
     by = {}
     for e in envs:
         c = stats[reading].get(e)
-        word = "no verdict" if c is None else c["verdict"].split(" over ")[0]
-        seeds = f"{c['n']} seeds" if c else "fewer than 2 seeds"
-        by.setdefault(word, []).append((SHORT[e], seeds))
+        by.setdefault("no verdict" if c is None else c["verdict"].split(" over ")[0], []).append((SHORT[e], c))
     parts = []
     for word in ("ahead", "behind", "not detected", "no verdict"):
         if word in by:
-            names = [n for n, _ in by[word]]
-            seeds = sorted({s for _, s in by[word]})
-            joined = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-            parts.append(f"{word} on {joined}" + (f" ({' or '.join(seeds)})" if word != "ahead" and word != "behind"
-                                                  else ""))
+            n = sorted({c["n"] for _, c in by[word] if c})
+            seeds = "" if word in ("ahead", "behind") else " (fewer than 2 seeds)" if not n else \
+                f" ({n[0]} seeds)" if len(n) == 1 else f" ({n[0]} to {n[-1]} seeds)"
+            parts.append(f"{word} on {listed([name for name, _ in by[word]])}{seeds}")
     return "; ".join(parts)
 
 
 def parted(title):
     envs, stats = FAMILIES[title]
     names = [SHORT[e] for e in envs if e in stats["anti"] and parting(stats, e)]
-    return "" if not names else f"; the readings part on {', '.join(names)}"
+    return "" if not names else f"; the readings part on {listed(names)}"
 
 
 def readme_lines():
+    """The README's "What holds" bullets, word for word (tests/test_claims.py checks the README has them)"""
     print("\n### The README's lines\n")
-    print("`README.md`'s \"What holds\" states each claim's verdicts with these words (tests/test_claims.py checks "
-          "that it does).\n")
+    t = "docs/results.md#the-verdicts"
     f6, f6o = "Fig. 6(b): IIF - standard PPO, the paper's six", "Fig. 6(b) outside the paper: IIF - standard PPO"
-    print(f"- Fig. 6(b), IIF against standard PPO: {grouped(f6)}{parted(f6)}. Outside the paper: {grouped(f6o)}.")
-    print(f"- Against the paper's SE_ave: {FAMILIES['paper']}.")
     lift, lifto = ("A larger step: IIF - standard PPO lifted to IIF's KL each round, the paper's six",
                    "A larger step, outside the paper")
-    print(f"- IIF against standard PPO lifted to IIF's KL: {grouped(lift)}{parted(lift)}. Outside the paper: "
-          f"{grouped(lifto)}.")
     eq, eqo = ("At an equal step: held IIF - held random (the critic on the kept records), the paper's six",
                "At an equal step, outside the paper")
-    print(f"- Held IIF against held random dropping: {grouped(eq)}{parted(eq)}. Outside the paper: {grouped(eqo)}.")
     cr, cro = ("At an equal step, the critic on every record: held IIF - held random, the paper's six",
                "At an equal step, the critic on every record, outside the paper")
-    print(f"- The same, the critic on every record: {grouped(cr)}{parted(cr)}. Outside the paper: {grouped(cro)}.")
-    print(f"- One round from the held runs' states, surrogate gain: {grouped('one round', 'gain')}; test return: "
+    h = "docs/results.md#iif-at-standard-ppos-step"
+    print(f"- **IIF reaches standard PPO's returns in fewer rounds** (Fig. 6(b); [table]({t})): {grouped(f6)}"
+          f"{parted(f6)}. Outside the paper: {grouped(f6o)}.")
+    print(f"- **Against the paper's figures** (its reading of SE_ave, Welch's test): {FAMILIES['paper']}.")
+    print(f"- **A larger step** (IIF against standard PPO lifted to IIF's KL; [table]({h})): {grouped(lift)}"
+          f"{parted(lift)}. Outside the paper: {grouped(lifto)}.")
+    print(f"- **At an equal step** (held IIF against held random dropping): {grouped(eq)}{parted(eq)}; outside the "
+          f"paper: {grouped(eqo)}. With the critic on every record: {grouped(cr)}{parted(cr)}; outside the paper: "
+          f"{grouped(cro)}.")
+    print(f"- **One round at an equal step**, surrogate gain: {grouped('one round', 'gain')}; test return: "
           f"{grouped('one round', 'test')}.")
-    print(f"- Each at its own best learning rate, area: {grouped('tuned')}.")
-    print(f"- RLHF at equal KL, IIF against PPO and GRPO: {FAMILIES['rlhf']}.")
+    print(f"- **Each method at its own best learning rate** (chosen on other seeds; area): {grouped('tuned')}.")
+    print(f"- **RLHF** (Sec. 5.3, at equal KL to the reference): IIF against PPO and GRPO, {FAMILIES['rlhf']} "
+          f"([table](docs/ippo.md#at-equal-kl)).")
 
 
 def main():
@@ -311,5 +324,53 @@ def main():
     readme_lines()
 
 
+PRINTOUT = os.path.join(ROOT, "results", "claims.md")
+MARK = re.compile(r"<!-- claims.md: (.+?) -->")
+
+
+def tables(printout):
+    """{heading: its table's lines} of a printout, and README's lines under 'README'"""
+    out, heading = {}, None
+    for line in printout.splitlines():
+        if line.startswith("### "):
+            heading = line[4:]
+            out[heading] = []
+        elif heading and (line.startswith("|") or line.startswith("- ")):
+            out[heading].append(line)
+    out["README"] = out.pop("The README's lines", [])
+    return out
+
+
+def marked(page):
+    """{mark: the lines right after it} of a page: a table's '|' lines, or README's bullets (wrapped)"""
+    found, lines = {}, page.splitlines()
+    for i, line in enumerate(lines):
+        m = MARK.fullmatch(line.strip())
+        if m:
+            j = i + 1
+            while j < len(lines) and (lines[j].startswith(("|", "- ", "  ")) and lines[j].strip()):
+                j += 1
+            found[m.group(1)] = (i + 1, j)
+    return found
+
+
+def write_docs():
+    with open(PRINTOUT) as f:
+        got = tables(f.read())
+    for name in ("docs/results.md", "README.md"):
+        path = os.path.join(ROOT, name)
+        with open(path) as f:
+            lines = f.read().splitlines()
+        for mark, (i, j) in sorted(marked("\n".join(lines)).items(), key=lambda kv: -kv[1][0]):
+            new = got[mark] if mark != "README" else [w for b in got[mark] for w in textwrap.wrap(
+                b, 100, subsequent_indent="  ", break_on_hyphens=False)]
+            lines[i:j] = new
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--docs", action="store_true", help="copy results/claims.md's tables into docs/results.md "
+                        "and its lines into README.md, where they are marked")
+    write_docs() if parser.parse_args().docs else main()
