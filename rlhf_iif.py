@@ -305,7 +305,8 @@ def rollout(policy, ref, b, kl_coef, args):
     b["last"] = mask.sum(1).long() - 1
     token_rewards[torch.arange(len(ids)), b["last"]] += b["rewards"]
     adv, b["returns"] = compute_gae(token_rewards, b["values"], mask, args.gamma, args.lam)
-    # whitened once over the buffer: scoring and training see the same A_hat
+    # whitened once over the buffer, as TRL trains: scoring and training see one A_hat (iif.py's
+    # f_return weights raw A_hat, as the paper's release, whose SB3 normalises per minibatch to train)
     b["advantages"] = whiten(adv, mask)
     return b
 
@@ -456,7 +457,8 @@ def influence(policy, b, tb, args):
     target episodes tb (Sec. 3.1, 5.1). With LoRA, by the ghost dot product: a pass over tb gives
     G = grad_W f of every layer, a pass over B(k) every sum_s dy_s^T G x_s (row i of dy is l_i's
     alone); otherwise by the definition. The value head takes no part (f does not reach it); the
-    value loss still counts through the LoRA layers it shares with the policy."""
+    value loss still counts through the LoRA layers it shares with the policy, so l_i keeps its value
+    term (iif.py scores the policy terms only: its critic is a separate network, as in the release)."""
     layers = trained_linears(policy.lm)
     if layers is None:
         return influence_forward_mode(policy, b, tb, args)
