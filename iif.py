@@ -135,7 +135,7 @@ class Args:
     backends: tyro.conf.Suppress[tuple] = ()
 
 
-# ---- The environment and the agent (App. B.2) ----
+# ---- The environment and the agent (App. B.1, B.2) ----
 def make_env(env_id, render_mode=None):  # a thunk: an env observing a flat float vector or an (H, W, C) image
     def thunk():
         for module in ("minigrid", "highway_env"):  # they register their ids on import
@@ -319,7 +319,7 @@ def target_grad(agent, params, obs, actions, a_hat):  # {name: grad f_return at 
 def influence(agent, b, args, target=None):
     """I_i = <grad f(theta(k)), -grad l_i(theta(k))> of every record (Sec. 3.1, 5.1), exact and batched: one
     backward pass gives g = grad f, one forward-mode pass (jvp) every dl_i . g. target: f's (obs, actions,
-    weights); default B(k) with its A_hat, f_return (one (s, a) with weight 1 is f_action, Sec. 4.2)."""
+    weights); default B(k) with its A_hat, f_return (one (s, a) with weight 1 is f_action, Sec. 3.1, 4.2)."""
     params = {k: v.detach().requires_grad_() for k, v in agent.named_parameters()}
     g = target_grad(agent, params, *(target or (b["obs"], b["actions"], b["advantages"])))
     primals = {k: params[k].detach() for k in g}

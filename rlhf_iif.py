@@ -685,8 +685,8 @@ def load_rows(flag, name, split, config=None):
 
 
 def load_prompts(args, tokenizer, rest=False):
-    """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt +
-    continuation text (as TRL's example), training and held out (rest: with the tokens after it)"""
+    """Prompts with toxicity > 0.3 (TRL's example, which App. B.3 follows), each the first 10-15 tokens
+    (App. B.3) of prompt + continuation text (TRL's), training and held out (rest: with what follows)"""
     rows = load_rows("--dataset", args.dataset, "train")
     if "prompt" not in rows.column_names:
         fail(f"--dataset {args.dataset!r} has no 'prompt' column (columns: {rows.column_names})")
