@@ -49,7 +49,7 @@ class Args:
     """label of --reward-model whose raw logit is the reward"""
     dataset: str = "allenai/real-toxicity-prompts"
     """prompts: a hub dataset or a .json/.jsonl file with fields prompt.text, prompt.toxicity,
-    continuation.text (App. B.3: toxicity > 0.3, the first 10-15 tokens, a fifth held out)"""
+    continuation.text (TRL's example, App. B.3: toxicity > 0.3, the first 10-15 tokens, a fifth held out)"""
     seed: int = 1
     """seed of TRL (sampling, prompt order), the prompt split and the random filter"""
     run_name: Annotated[Optional[str], STATED] = None
@@ -586,7 +586,7 @@ def load_rows(flag, name, split, config=None):
 
 
 def load_prompts(args, tokenizer):
-    """App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt +
+    """TRL's example, App. B.3: prompts with toxicity > 0.3, each the first 10-15 tokens of its prompt +
     continuation text, as TRL's rows {"prompt": text}: the training ones and the held-out ones"""
     rows = load_rows("--dataset", args.dataset, "train")
     if "prompt" not in rows.column_names:
