@@ -1,4 +1,4 @@
-"""The envpool backend of iif.py (--env-backend envpool, and auto where a preset has a port):
+"""The envpool backend of iif.py (--env-backend envpool; with auto, the test episodes, and highway's rollout):
 envpool's batched C++ environments behind the gymnasium vector API that iif.py uses. Optional:
 iif.py imports it only for that backend, and without this file (or without the envpool package)
 runs every preset on gymnasium. docs/backends.md compares the two backends.

@@ -15,8 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 protocol() {  # env -> test flags
   case $1 in
-    LunarLander-v3) echo "--eval-every 1 --eval-episodes 200" ;;
-    BipedalWalker-v3) echo "--eval-every 2 --eval-episodes 100" ;;
+    LunarLander-v3) echo "--eval-every 1 --eval-episodes 200 --env-backend envpool" ;;
+    BipedalWalker-v3) echo "--eval-every 2 --eval-episodes 100 --env-backend envpool" ;;
   esac
 }
 run() {  # env method seed

@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=results/lunarlander-release
 env=LunarLander-v3
-test="--eval-every 1 --eval-episodes 200"
+test="--eval-every 1 --eval-episodes 200 --env-backend envpool"  # the backend its runs were made on
 adam="--optimizer adam --learning-rate 1e-3"
 run() {  # variant method seed [flags]
   mkdir -p "$out/$1"
