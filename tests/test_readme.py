@@ -193,3 +193,9 @@ def test_figures_that_name_their_printout_agree_with_it():
     assert len(table) == 5 and all(c in fig6b for row in table for c in cells(row)), table
     claims = cells(readme[readme.index("## What holds"):])
     assert claims and claims <= printouts(), claims - printouts()
+
+
+def test_the_readme_stays_under_1200_words():
+    """Outside its code blocks"""
+    words = len(re.sub(r"```.*?```", "", read("README.md"), flags=re.S).split())
+    assert 800 < words <= 1200, words
