@@ -107,7 +107,8 @@ if [ "$CALL" = 1 ]; then
     --task "$WORK/neo" --runs-dir "$OUT/round_time_rlhf_compile_runs" --batch-size "$BATCH" --rounds 2 --reps 1 \
     "${threads[@]}"
   cuda=(--cuda); [ "$DEVICE" = cuda ] || cuda=(--no-cuda)  # iif.py: two rounds of Acrobot on the device
-  part iif_cuda $PYTHON iif.py --env-id Acrobot-v1 --env-backend gymnasium --total-timesteps 4096 --eval-episodes 16 \
+  part iif_cuda $PYTHON iif.py --env-id Acrobot-v1 --env-backend gymnasium --num-steps 1024 --total-timesteps 2048 \
+    --eval-episodes 8 \
     --runs-dir "$OUT/iif_cuda_runs" --run-name acrobot "${cuda[@]}"
 else
   part build bash -c "$PYTHON benchmarks/round_time.py --shape '$SHAPE' --device '$DEVICE' --task '$WORK/neo' \

@@ -383,7 +383,7 @@ def test_gpu_check_runs_both_calls_end_to_end_at_a_tiny_shape(tmp_path, request)
     assert graphs and graphs[1] == graphs[2]
     assert "| optimiser step, ms |" in (out / "round_time_rlhf_compile.md").read_text()
     assert "Projected to 256 episodes" in (out / "round_time_rlhf_eager.md").read_text()
-    assert "Acrobot-v1 on gymnasium, cpu: 2 rounds" in (out / "iif_cuda.md").read_text()  # --no-cuda on a CPU
+    assert "Acrobot-v1 on gymnasium, tests on gymnasium, cpu: 2 rounds" in (out / "iif_cuda.md").read_text()  # --no-cuda
     run = out / "round_time_rlhf_compile_runs" / "influence_0"  # rlhf_compile.main
     assert '"compile": true' in (run / "config.json").read_text()
     assert (run / "policy" / "adapter_config.json").exists()
