@@ -1252,6 +1252,21 @@ def runs_left_out(outside):
                      for b, v in sorted(by_beta.items()))
 
 
+def frontier_task(args, env):
+    """A task's runs {label: {seed: rows}} (--seeds only), its learner, its metrics (those its final.json has, in
+    FRONTIER_METRICS' order) and the name of a method"""
+    seeds = {lb: {s: rows for s, rows in by_seed.items() if not args.seeds or s in args.seeds}
+             for lb, by_seed in load_runs(args.runs, env).items()}
+    learner = "GRPO" if env.startswith("grpo") else "PPO"
+    finals = sorted(glob.glob(os.path.join(args.runs, f"{env}__*__*", "final.json")))
+    if not finals:
+        fail(f"{env}: no run with a final.json under {args.runs}")
+    with open(finals[0]) as f:
+        final = json.load(f)
+    return ({lb: by_seed for lb, by_seed in seeds.items() if by_seed}, learner,
+            [m for m in FRONTIER_METRICS if m in final], functools.partial(frontier_name, learner=learner))
+
+
 def cmd_frontier_runs(args):
     """--rule runs: per task and baseline, the null check on the baseline's own seeds (this rule's frontier and
     the two upper envelopes beside it), each method's seed-by-seed difference from the baseline at equal KL per
@@ -1273,17 +1288,7 @@ def cmd_frontier_runs(args):
     fig, axes = plt.subplots(len(args.env), 3, figsize=(15, 3.6 * len(args.env)), squeeze=False)
     summary = []
     for env, ax in zip(args.env, axes):
-        seeds = {lb: {s: rows for s, rows in by_seed.items() if not args.seeds or s in args.seeds}
-                 for lb, by_seed in load_runs(args.runs, env).items()}
-        seeds = {lb: by_seed for lb, by_seed in seeds.items() if by_seed}
-        learner = "GRPO" if env.startswith("grpo") else "PPO"
-        finals = sorted(glob.glob(os.path.join(args.runs, f"{env}__*__*", "final.json")))
-        if not finals:
-            fail(f"{env}: no run with a final.json under {args.runs}")
-        with open(finals[0]) as f:
-            final = json.load(f)
-        metrics = [m for m in FRONTIER_METRICS if m in final]  # the task's, in FRONTIER_METRICS' order
-        name_of = functools.partial(frontier_name, learner=learner)
+        seeds, learner, metrics, name_of = frontier_task(args, env)
         runs, missing = frontier_runs(args.runs, env, seeds, ["final_kl", *metrics])
         print(f"\n## {env}\n")
         if missing:
@@ -1389,17 +1394,7 @@ def cmd_frontier(args):
     rng = np.random.default_rng(0)
     fig, axes = plt.subplots(len(args.env), 3, figsize=(15, 3.6 * len(args.env)), squeeze=False)
     for env, ax in zip(args.env, axes):
-        runs = {lb: {s: rows for s, rows in seeds.items() if not args.seeds or s in args.seeds}
-                for lb, seeds in load_runs(args.runs, env).items()}
-        runs = {lb: seeds for lb, seeds in runs.items() if seeds}
-        learner = "GRPO" if env.startswith("grpo") else "PPO"
-        finals = sorted(glob.glob(os.path.join(args.runs, f"{env}__*__*", "final.json")))
-        if not finals:
-            fail(f"{env}: no {learner} (none-b<beta>) run with a final.json under {args.runs}")
-        with open(finals[0]) as f:
-            final = json.load(f)
-        metrics = [m for m in FRONTIER_METRICS if m in final]  # the task's, in FRONTIER_METRICS' order
-        name_of = functools.partial(frontier_name, learner=learner)
+        runs, learner, metrics, name_of = frontier_task(args, env)
         points, missing = frontier_points(args.runs, env, runs, ["final_kl", *metrics])
         if missing:
             print(f"{env}: {len(missing)} run(s) without final.json (unfinished, or made before the final test), "

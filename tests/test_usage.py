@@ -32,16 +32,9 @@ def blocks():
     return found
 
 
-# CleanRL's Agents, as ppo.py and ppo_continuous_action.py define them
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    torch.nn.init.orthogonal_(layer.weight, std)
-    torch.nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
-def mlp(n_in, n_out, std):
-    return nn.Sequential(layer_init(nn.Linear(n_in, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-                         layer_init(nn.Linear(64, n_out), std=std))
+# CleanRL's Agents, as ppo.py and ppo_continuous_action.py define them: iif.py's layer_init and 64-64 tanh MLP
+# are CleanRL's own
+mlp = iif.mlp
 
 
 class CategoricalAgent(nn.Module):  # ppo.py's
