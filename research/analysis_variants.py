@@ -1001,23 +1001,15 @@ LOWER_IS_BETTER = ("final_toxicity", "final_unfaithful")
 
 
 def frontier_points(runs_dir, env, seeds, metrics):
-    """{method: {beta: {metric: [one value a seed]}}} from every run's final.json (the final policy), and the runs
-    without one"""
-    points, missing = {}, []
-    for label, by_seed in seeds.items():
-        method, _, beta = label.rpartition("-b")
-        if not method:
-            continue
-        for seed in by_seed:
-            path = os.path.join(runs_dir, f"{env}__{label}__{seed}", "final.json")
-            if not os.path.exists(path):
-                missing.append(f"{label}__{seed}")
-                continue
-            with open(path) as f:
-                final = json.load(f)
-            point = points.setdefault(method, {}).setdefault(float(beta), {m: [] for m in metrics})
+    """{method: {beta: {metric: [one value a seed]}}}: frontier_runs' runs, grouped by beta; and the runs without a
+    final.json"""
+    runs, missing = frontier_runs(runs_dir, env, seeds, metrics)
+    points = {}
+    for method, found in runs.items():
+        for beta, _, values in found:
+            point = points.setdefault(method, {}).setdefault(beta, {m: [] for m in metrics})
             for m in metrics:
-                point[m].append(np.nan if final[m] == "" else float(final[m]))
+                point[m].append(values[m])
     return points, missing
 
 
