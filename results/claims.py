@@ -252,7 +252,8 @@ def grouped(title, reading="anti"):
     by = {}
     for e in envs:
         c = stats[reading].get(e)
-        by.setdefault("no verdict" if c is None else c["verdict"].split(" over ")[0], []).append((SHORT[e], c))
+        word = "no verdict" if c is None or c["n"] < 2 else c["verdict"].split(" over ")[0]
+        by.setdefault(word, []).append((SHORT[e], c if word != "no verdict" else None))
     parts = []
     for word in ("ahead", "behind", "not detected", "no verdict"):
         if word in by:
