@@ -326,8 +326,8 @@ def influence(agent, b, args, target=None):
     frozen = {k: v.detach() for k, v in params.items() if k not in g}  # the separate critic
     adv = normalize(b["advantages"])  # l_i's A_hat normalised over B(k), as its minibatches will be on average
 
-    # theta -> (l_1(theta), ..., l_n(theta)), their policy terms only, as released (rlhf_iif.py keeps the value
-    def losses(p):  # term: its value head shares the LM's trunk, so the value loss moves the policy there)
+    # the policy terms of l_i only, as released (rlhf_iif.py scores the value term: its value head shares the LM)
+    def losses(p):  # theta -> (l_1(theta), ..., l_n(theta))
         return ppo_losses(agent, b, slice(None), args, {**frozen, **p}, adv, vf_coef=0.0)
     _, dl = jvp(losses, (primals,), (g,))
     return -dl
