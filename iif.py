@@ -31,6 +31,7 @@ import tyro
 from torch.distributions import Categorical, Independent, Normal
 from torch.func import functional_call, jvp
 
+torch.distributions.Distribution.set_default_validate_args(False)  # the checks cost ~10 % of a step; losses are checked
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "research"))  # iif_envpool.py, optional
 SGD = dict(optimizer="sgd", learning_rate=5e-3)  # TracIn's setting, on all but BipedalWalker
 PORT = dict(envpool={}, auto=("gymnasium", "envpool"))  # port's kwargs; auto: Stage I's, test's fastest backend
@@ -218,8 +219,7 @@ class Agent(nn.Module):  # App. B.2: SB3's default actor-critic, separate 64-64 
         return self.critic(self.features(obs)).squeeze(-1)
 
 
-def env_action(agent, action, act_space):
-    action = action.cpu().numpy()
+def env_action(agent, action, act_space):  # a sampled action (numpy) as the env takes it
     return np.clip(action, act_space.low, act_space.high) if agent.continuous else action
 
 
@@ -239,11 +239,11 @@ def collect_rollout(agent, envs, next_obs, ep, args):
     ended, truncated = [], []
     for step in range(T):
         obs[step] = next_obs
-        action = agent.act(as_tensor(next_obs, device))
-        actions[step] = action.cpu()
+        actions[step] = action = agent.act(as_tensor(next_obs, device)).cpu().numpy()
         next_obs, rewards[step], terminations[step], truncations[step], info = envs.step(
             env_action(agent, action, act_space))
-        ep += [rewards[step], np.ones(N)]
+        ep[0] += rewards[step]
+        ep[1] += 1
         for i in np.flatnonzero(terminations[step] | truncations[step]):
             ended.append((*ep[:, i], step))
             ep[:, i] = 0.0
@@ -366,7 +366,7 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng):
             mb_adv = normalize(b["advantages"][mb_inds])  # per minibatch, after filtering (SB3)
             parts = {}
             loss = ppo_losses(agent, b, mb_inds, args, adv=mb_adv, parts=parts).mean()
-            stats.append([float(parts[k].mean()) for k in DIAGNOSTICS])
+            stats.append(torch.stack([parts[k].mean() for k in DIAGNOSTICS]))  # to floats once, at the end
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"non-finite PPO loss at epoch {epoch}, step {n_updates}; "
                                          "lower --learning-rate or set --max-grad-norm")
@@ -376,7 +376,7 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng):
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
             n_updates += 1
-    return n_updates, dict(zip(DIAGNOSTICS, np.mean(stats, 0) if stats else [None] * len(DIAGNOSTICS)))
+    return n_updates, dict(zip(DIAGNOSTICS, np.mean(torch.stack(stats).tolist(), 0) if stats else [None] * 6))
 
 
 def explained_variance(b):  # 1 - Var(R - V) / Var(R) on B(k): how much of the returns V(s) at theta(k) explained
@@ -399,7 +399,7 @@ def evaluate(agent, envs, n_episodes, seed):
     device = next(agent.parameters()).device
     while (done_count < quota).any():
         live = np.flatnonzero(done_count < quota) if subset else np.arange(n)
-        action = env_action(agent, agent.act(as_tensor(obs[live], device)), envs.single_action_space)
+        action = env_action(agent, agent.act(as_tensor(obs[live], device)).cpu().numpy(), envs.single_action_space)
         obs[live], reward, term, trunc, _ = envs.step(action, live) if subset else envs.step(action)
         ep_ret[live] += reward
         for i in live[term | trunc]:
