@@ -395,12 +395,12 @@ def evaluate(agent, envs, n_episodes, seed):
     quota = n_episodes // n + (np.arange(n) < n_episodes % n)  # split evenly: short episodes not over-counted
     done_count, ep_ret, returns = np.zeros(n, dtype=int), np.zeros(n), []
     obs, _ = envs.reset(seed=seed)
-    subset = not isinstance(envs, gym.vector.VectorEnv)  # envpool steps only the envs owing an episode
+    subset = not isinstance(envs, gym.vector.VectorEnv)  # envpool steps only envs owing one, resets those owing 2
     device = next(agent.parameters()).device
     while (done_count < quota).any():
         live = np.flatnonzero(done_count < quota) if subset else np.arange(n)
         action = env_action(agent, agent.act(as_tensor(obs[live], device)).cpu().numpy(), envs.single_action_space)
-        obs[live], reward, term, trunc, _ = envs.step(action, live) if subset else envs.step(action)
+        obs[live], reward, term, trunc, _ = envs.step(action, live, (quota > 1).any()) if subset else envs.step(action)
         ep_ret[live] += reward
         for i in live[term | trunc]:
             if done_count[i] < quota[i]:

@@ -57,16 +57,17 @@ class EnvpoolVec:
         o, info = self.pool.reset()
         return self.obs(o), info
 
-    def step(self, action, env_id=None):
+    def step(self, action, env_id=None, reset=True):
         """Step all environments, or only those in env_id (the returned arrays follow env_id's
-        order)."""
+        order). reset=False leaves an ended environment as it is, to be stepped no more (a test's
+        last episodes: a reset costs a round trip to the pool)."""
         ids = np.arange(self.num_envs) if env_id is None else env_id
         ids = np.asarray(ids, dtype=np.int32)
         o, reward, term, trunc, info = self.pool.step(action, ids)
         o = self.obs(o)
         done = term | trunc
         # the final observation goes to info, the next episode's first one to the caller
-        if done.any():
+        if reset and done.any():
             info["final_obs"] = o.copy()
             o[done] = self.obs(self.pool.reset(ids[done])[0])
         return o, reward, term, trunc, info

@@ -97,10 +97,27 @@ def test_evaluate_on_envpool_steps_only_the_envs_owing_episodes():
     calls = []
     pool = iif_envpool.EnvpoolVec("Acrobot-v1", dict(max_episode_steps=5), 4, 1)
     step = pool.step
-    pool.step = lambda a, ids=None: calls.append(len(ids)) or step(a, ids)
-    # 10 episodes on 4 envs: quotas 3, 3, 2, 2. All four step 10 times, then the first two 5 more
+    pool.step = lambda a, ids, reset: calls.append((len(ids), reset)) or step(a, ids, reset)
+    # 10 episodes on 4 envs: quotas 3, 3, 2, 2. All four step 10 times, then the first two 5 more; ended envs reset
     assert iif.evaluate(agent, pool, 10, seed=3) == (-5.0, 0.0)  # 5-step episodes, reward -1 a step
-    assert calls == [4] * 10 + [2] * 5
+    assert calls == [(4, True)] * 10 + [(2, True)] * 5
+
+
+@needs_envpool
+def test_evaluate_resets_no_env_after_its_last_episode():
+    """An episode an env (envpool's test episodes): no ended env is reset, and the returns are those of resetting"""
+    torch.manual_seed(0)
+    agent = iif.Agent(gym.spaces.Box(-1, 1, (8,)), gym.spaces.Discrete(4))  # untrained: crashes after ~100 steps
+    results, resets, live = {}, set(), set()
+    for forced in (False, True):
+        pool = iif_envpool.EnvpoolVec("LunarLander-v3", {}, 20, 1)
+        step = pool.step
+        pool.step = lambda a, ids, reset: resets.add(reset) or live.add(len(ids)) or step(a, ids, reset or forced)
+        torch.manual_seed(1)
+        results[forced] = iif.evaluate(agent, pool, 20, seed=3)
+    assert resets == {False}
+    assert len(live) > 5  # episodes ended at many steps: envs were stepped after others had ended
+    assert results[False] == results[True]
 
 
 def vec_args(env_id, backend):
