@@ -376,7 +376,8 @@ def ppo_update(agent, optimizer, b, kept_idx, args, rng):
                 nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
             n_updates += 1
-    return n_updates, dict(zip(DIAGNOSTICS, np.mean(torch.stack(stats).tolist(), 0) if stats else [None] * 6))
+    means = np.mean(torch.stack(stats).tolist(), 0) if stats else [None] * len(DIAGNOSTICS)
+    return n_updates, dict(zip(DIAGNOSTICS, means))
 
 
 def explained_variance(b):  # 1 - Var(R - V) / Var(R) on B(k): how much of the returns V(s) at theta(k) explained
