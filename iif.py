@@ -31,7 +31,7 @@ import tyro
 from torch.distributions import Categorical, Independent, Normal
 from torch.func import functional_call, jvp
 
-torch.distributions.Distribution.set_default_validate_args(False)  # the checks cost ~10 % of a step; losses are checked
+torch.distributions.Distribution.set_default_validate_args(False)  # faster steps; losses, scores are checked
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "research"))  # iif_envpool.py, optional
 SGD = dict(optimizer="sgd", learning_rate=5e-3)  # TracIn's setting, on all but BipedalWalker
 PORT = dict(envpool={}, auto=("gymnasium", "envpool"))  # port's kwargs; auto: Stage I's, test's fastest backend
@@ -242,8 +242,7 @@ def collect_rollout(agent, envs, next_obs, ep, args):
         actions[step] = action = agent.act(as_tensor(next_obs, device)).cpu().numpy()
         next_obs, rewards[step], terminations[step], truncations[step], info = envs.step(
             env_action(agent, action, act_space))
-        ep[0] += rewards[step]
-        ep[1] += 1
+        ep += [rewards[step], np.ones(N)]
         for i in np.flatnonzero(terminations[step] | truncations[step]):
             ended.append((*ep[:, i], step))
             ep[:, i] = 0.0
@@ -396,7 +395,7 @@ def evaluate(agent, envs, n_episodes, seed):
     quota = n_episodes // n + (np.arange(n) < n_episodes % n)  # split evenly: short episodes not over-counted
     done_count, ep_ret, returns = np.zeros(n, dtype=int), np.zeros(n), []
     obs, _ = envs.reset(seed=seed)
-    subset = not isinstance(envs, gym.vector.VectorEnv)  # envpool steps only envs owing one, resets those owing 2
+    subset = not isinstance(envs, gym.vector.VectorEnv)  # envpool: steps owing envs, resets if any owes 2
     device = next(agent.parameters()).device
     while (done_count < quota).any():
         live = np.flatnonzero(done_count < quota) if subset else np.arange(n)
