@@ -151,9 +151,8 @@ def make_env(env_id, render_mode=None):  # a thunk: an env observing a flat floa
             env = ImgObsWrapper(env)  # the 7x7x3 egocentric view; the agent scales it by 1/255
         space = env.observation_space
         if isinstance(space, gym.spaces.Discrete):  # FrozenLake: state index -> one-hot vector
-            n = int(space.n)
-            one_hot = gym.spaces.Box(0.0, 1.0, (n,), np.float32)
-            env = gym.wrappers.TransformObservation(env, lambda s: np.eye(n, dtype=np.float32)[s], one_hot)
+            one_hot = gym.spaces.Box(0.0, 1.0, (int(space.n),), np.float32)
+            env = gym.wrappers.TransformObservation(env, lambda s: np.eye(int(space.n), dtype=np.float32)[s], one_hot)
         elif isinstance(space, gym.spaces.Box) and len(space.shape) == 2:
             env = gym.wrappers.FlattenObservation(env)  # highway's (vehicles, features)
         return env
@@ -211,8 +210,11 @@ class Agent(nn.Module):  # App. B.2: SB3's default actor-critic, separate 64-64 
         return d.log_prob(action), d.entropy(), self.critic(h).squeeze(-1) if critic else None
 
     @torch.inference_mode()
-    def act(self, obs):
-        return self.dist(self.features(obs)).sample()
+    def act(self, obs):  # = dist(h).sample(), bit for bit; a Categorical's drawn without the object: 8% of Stage I
+        if self.continuous:
+            return self.dist(self.features(obs)).sample()
+        logits = self.actor(self.features(obs))
+        return torch.multinomial((logits - logits.logsumexp(-1, keepdim=True)).softmax(-1), 1, True)[:, 0]
 
     @torch.inference_mode()
     def value(self, obs):
@@ -258,8 +260,7 @@ def collect_rollout(agent, envs, next_obs, ep, args):
     r["next_values"] = torch.cat([r["values"][1:], agent.value(as_tensor(next_obs, device))[None]])
     if truncated:
         steps, env_ids, final_obs = zip(*truncated)
-        final_obs = as_tensor(np.stack(final_obs), device)
-        r["next_values"][steps, env_ids] = agent.value(final_obs)
+        r["next_values"][steps, env_ids] = agent.value(as_tensor(np.stack(final_obs), device))
     r["advantages"], r["returns"] = compute_gae(r["rewards"], r["values"], r["next_values"], r["terminations"],
                                                 r["dones"], args.gamma, args.gae_lambda)
     return {key: v.flatten(0, 1) for key, v in r.items()}, next_obs, np.array(ended).reshape(-1, 3)
@@ -592,7 +593,6 @@ def resolve_args(args):  # fill in preset and sizes, check flags and env: bad in
 
 
 if __name__ == "__main__":
-    torch.distributions.Distribution.set_default_validate_args(False)  # checks slow the rollout
     args = resolve_args(tyro.cli(Args, description=f"{__doc__.splitlines()[0]} Presets: {', '.join(PRESETS)}."))
     try:
         main(args)

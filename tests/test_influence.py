@@ -235,6 +235,24 @@ def test_ppo_diagnostics_are_cleanrls():
     assert iif.explained_variance(b) == pytest.approx(1 - np.var(r - vals, ddof=1) / np.var(r, ddof=1))
 
 
+@pytest.mark.parametrize("kind", list(SPACES))
+@pytest.mark.parametrize("n", [1, 40])
+def test_act_draws_what_the_distributions_sample_draws(kind, n, monkeypatch):
+    agent, b = make_agent_and_buffer(kind, n)
+    agent.float()
+    obs = b["obs"].float()
+    probs, multinomial = [], torch.multinomial  # a Categorical's draw: the same probabilities, bit for bit
+    monkeypatch.setattr(torch, "multinomial", lambda p, *a: probs.append(p.clone()) or multinomial(p, *a))
+    torch.manual_seed(1)
+    drawn = agent.act(obs)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        expected = agent.dist(agent.features(obs)).sample()
+    assert drawn.shape == expected.shape and drawn.dtype == expected.dtype
+    assert torch.equal(drawn, expected)
+    assert len(probs) == (0 if agent.continuous else 2) and all(torch.equal(p, probs[-1]) for p in probs)
+
+
 def test_a_zero_score_is_not_negative():
     """n_negative counts the scores below 0; p = 1 drops those, and a record that scores exactly 0 stays"""
     scores = torch.tensor([0.0, -1.0, 0.0, -2.0, 1.0])
