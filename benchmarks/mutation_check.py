@@ -251,7 +251,8 @@ def scratch_copy():
 def run(copy, script, timeout):
     """The script's tests on the copy, stopping at the first failure: (killed, the first failing test)"""
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *DESELECT, *TESTS[script]]
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-n", "0", *DESELECT,
+           *TESTS[script]]
     try:
         proc = subprocess.run(cmd, cwd=copy, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
