@@ -353,7 +353,7 @@ def test_static_cache_decoding_compiles_once_for_two_rounds(toy, monkeypatch):
 def test_gpu_check_runs_both_calls_end_to_end_at_a_tiny_shape(tmp_path, request):
     """benchmarks/gpu_check.sh 1 and 2 as a GPU machine runs them, on the CPU at a tiny shape: each call's limits
     add up to at most 300 s, every part ends well and writes its printout, and the temporary folder is removed.
-    A third of the suite's time, so asked for: python -m pytest tests -q --gpu-check -k gpu_check"""
+    About 2 minutes on 2 cores, so asked for: python -m pytest tests -q --gpu-check -k gpu_check"""
     if not request.config.getoption("--gpu-check"):
         pytest.skip("benchmarks/gpu_check.sh end to end: python -m pytest tests -q --gpu-check -k gpu_check")
     from torch._inductor.runtime.cache_dir_utils import cache_dir
