@@ -210,7 +210,7 @@ class Agent(nn.Module):  # App. B.2: SB3's default actor-critic, separate 64-64 
         return d.log_prob(action), d.entropy(), self.critic(h).squeeze(-1) if critic else None
 
     @torch.inference_mode()
-    def act(self, obs):  # = dist(h).sample(), bit for bit; a Categorical's drawn without the object: 8% of Stage I
+    def act(self, obs):  # = dist(h).sample(), bit for bit; a Categorical's drawn without building the object (faster)
         if self.continuous:
             return self.dist(self.features(obs)).sample()
         logits = self.actor(self.features(obs))

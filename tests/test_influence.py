@@ -240,16 +240,18 @@ def test_ppo_diagnostics_are_cleanrls():
 def test_act_draws_what_the_distributions_sample_draws(kind, n, monkeypatch):
     agent, b = make_agent_and_buffer(kind, n)
     agent.float()
+    with torch.no_grad():
+        agent.actor[-1].weight.mul_(300.0)  # far from uniform, as a trained policy: a wrong row or head draws otherwise
     obs = b["obs"].float()
     probs, multinomial = [], torch.multinomial  # a Categorical's draw: the same probabilities, bit for bit
     monkeypatch.setattr(torch, "multinomial", lambda p, *a: probs.append(p.clone()) or multinomial(p, *a))
     torch.manual_seed(1)
-    drawn = agent.act(obs)
+    drawn, after = agent.act(obs), torch.get_rng_state()
     torch.manual_seed(1)
     with torch.no_grad():
         expected = agent.dist(agent.features(obs)).sample()
     assert drawn.shape == expected.shape and drawn.dtype == expected.dtype
-    assert torch.equal(drawn, expected)
+    assert torch.equal(drawn, expected) and torch.equal(after, torch.get_rng_state())  # and the same numbers used
     assert len(probs) == (0 if agent.continuous else 2) and all(torch.equal(p, probs[-1]) for p in probs)
 
 
