@@ -334,7 +334,7 @@ def influence(agent, b, args, target=None):
 
 
 def filter_records(scores, method, p, gen):
-    """Alg. 1, Stage II: (kept mask, n_negative); drop the bottom floor(p x n_negative), or as many at random"""
+    """Stage II of Alg. 1: (kept mask, n_negative); drop the bottom floor(p x n_negative), or as many at random"""
     n_neg = int((scores < 0).sum())
     kept = torch.ones(len(scores), dtype=torch.bool, device=scores.device)
     if method == "none":
