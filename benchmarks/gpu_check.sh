@@ -12,7 +12,7 @@
 #   call 2: preflight, then round_time_rlhf_eager (the same rounds eagerly) and round_time_grpo (grpo_iif.py at the
 #     Qwen2.5-0.5B shape, 128 completions of 128 tokens).
 # A GPU machine reaches no registry: on a machine that does,
-#     bash benchmarks/gpu_check.sh download       # the wheels a GPU machine lacks, into .gpu_wheels/ (~25 MB)
+#     bash benchmarks/gpu_check.sh download       # the wheels a GPU machine lacks, into .gpu_wheels/ (~32 MB)
 # then carry .gpu_wheels to the GPU machine and run there
 #     bash benchmarks/gpu_check.sh 1 && bash benchmarks/gpu_check.sh 2
 # The wheels are installed only when a package fails to import. Each call first prints
