@@ -347,7 +347,7 @@ def update_kl_coef(kl_coef, kl, n_episodes, args):
     return kl_coef * (1 + error * n_episodes / args.kl_horizon)
 
 
-# ---- Stage II of Alg. 1: the target f, the influence of every episode, the filter ----
+# ---- Stage II of Alg. 1: the target function, the influence of every episode, the filter ----
 # PPO's per-update diagnostics (TRL 0.11 logs them as policy/approxkl, policy/clipfrac, val/clipfrac)
 DIAGNOSTICS = ("pg_loss", "vf_loss", "approx_kl", "clip_frac", "vf_clip_frac")
 

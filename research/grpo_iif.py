@@ -171,7 +171,7 @@ def completion_losses(model, b, idx, args, params=None, logp=None):
     return (loss * m).sum(1) / b["num_items_in_batch"].clamp(min=1)
 
 
-# ---- Stage II of Alg. 1: the target f, the influence of every completion, the filter ----
+# ---- Stage II of Alg. 1: the target function, the influence of every completion, the filter ----
 def target(model, t, idx, args, world=1, logp=None):
     """f on target completions idx; summed over t's batches and the world processes' shares: f"""
     if logp is None:
@@ -330,15 +330,16 @@ class IIFGRPOTrainer(GRPOTrainer):
         if self.iif_args.filter_method != "none":
             b = keep_only(self, b, kept)
         self.t_stage2_end = timer()
+        n_negative = None if scores is None else int((scores < 0).sum())
         for key, value in [("iif/kept_fraction", float(kept.float().mean())), ("iif/n_kept", int(kept.sum())),
-                           ("iif/n_negative", None if scores is None else int((scores < 0).sum())),
+                           ("iif/n_negative", n_negative),
                            ("iif/influence_seconds", self.t_stage2_end - t0)]:  # to --report-to
             if value is not None:
                 self._metrics["train"][key].append(value)
         self.row = dict(round=self.rounds_done, step=self.state.global_step, completions=len(rewards),
                         reward_mean=rewards.nanmean().item(), reward_std=rewards.std().item(),
                         n_kept=int(kept.sum()),
-                        n_negative="" if scores is None else int((scores < 0).sum()),
+                        n_negative="" if n_negative is None else n_negative,
                         t_generate=t_generate, t_forward=t_forward,
                         t_influence=self.t_stage2_end - t0)
         self.rounds_done += 1
@@ -418,9 +419,11 @@ def main(args, trainer=None):
     return trainer
 
 
-# ==== Everything Alg. 1 needs stands above. Below, what a first reading may skip: how          ====
-# ==== dropped completions leave TRL's batch, the trainer's settings checked, the scoring's     ====
-# ==== helpers, loading the models and data with clear errors, the flag checks, the run folder. ====
+# =================================================================================================
+# Everything Alg. 1 needs stands above. Below, what a first reading may skip: how dropped
+# completions leave TRL's batch, the trainer's settings checked, the scoring's helpers, loading
+# the models and data with clear errors, the flag checks and the run folder.
+# =================================================================================================
 
 
 # ---- Plumbing: Stage II's dropped completions taken out of TRL's batch ----
